@@ -1,0 +1,51 @@
+#include "common/models/attention.h"
+
+namespace specwire {
+
+KvCache::KvCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+                 at::ScalarType dtype, const at::Device& device) {
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
+  k = at::empty({batch, kv_heads, capacity, head_dim}, opts);
+  v = at::empty({batch, kv_heads, capacity, head_dim}, opts);
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                           const ForwardContext& ctx, KvCache* cache, int64_t sliding_window,
+                           double scale) {
+  const int64_t past = ctx.past_len;
+  const int64_t T = q.size(2);
+  at::Tensor k = k_new, v = v_new;
+  if (cache != nullptr) {
+    TORCH_CHECK(past + T <= cache->k.size(2), "KV cache overflow: ", past + T, " > ",
+                cache->k.size(2));
+    cache->k.narrow(2, past, T).copy_(k_new);
+    cache->v.narrow(2, past, T).copy_(v_new);
+    k = cache->k.narrow(2, 0, past + T);
+    v = cache->v.narrow(2, 0, past + T);
+  } else {
+    TORCH_CHECK(past == 0, "a forward with past tokens needs a cache");
+  }
+  const int64_t S = past + T;
+  const bool window_binds = sliding_window > 0 && S > sliding_window;
+  const bool gqa = q.size(1) != k.size(1);
+
+  at::Tensor out;
+  if (!window_binds && past == 0) {
+    out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1, scale, gqa);
+  } else if (!window_binds && T == 1) {
+    out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, gqa);
+  } else {
+    // Query t sits at absolute position past + t; key j is visible when j <= past + t and, with a
+    // window, past + t - j < sliding_window.
+    at::Tensor qpos = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    at::Tensor kpos = at::arange(0, S, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    at::Tensor diff = qpos.unsqueeze(1) - kpos.unsqueeze(0);  // [T, S]
+    at::Tensor mask = diff >= 0;
+    if (sliding_window > 0) mask = at::logical_and(mask, diff < sliding_window);
+    out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale, gqa);
+  }
+  // [B, Hq, T, D] -> [B, T, Hq * D]
+  return out.transpose(1, 2).reshape({q.size(0), T, q.size(1) * q.size(3)});
+}
+
+}  // namespace specwire

@@ -1,0 +1,28 @@
+// Softmax attention over a growing KV cache, shared by every attention flavour (Llama / Qwen2 /
+// Qwen3 layers, Qwen3.5 gated attention, the DFlash drafter).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "common/models/decoder.h"
+
+namespace specwire {
+
+// K/V of one attention layer: [B, kv_heads, capacity, head_dim]; the first `length` positions of
+// the owning ModelCache are filled.
+class KvCache : public LayerCache {
+ public:
+  KvCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+          at::ScalarType dtype, const at::Device& device);
+  at::Tensor k, v;
+};
+
+// q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] for the T new positions (already normed and rotated).
+// Appends k/v to `cache` at ctx.past_len when given and attends over [0, past_len + T) with causal
+// masking; `sliding_window` > 0 limits keys to the last `sliding_window` positions (inclusive of
+// the query's own). Returns [B, T, Hq * D].
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const ForwardContext& ctx, KvCache* cache, int64_t sliding_window,
+                           double scale);
+
+}  // namespace specwire

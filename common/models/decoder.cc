@@ -1,0 +1,122 @@
+#include "common/models/decoder.h"
+
+#include <algorithm>
+
+#include "common/models/rope.h"
+
+namespace specwire {
+
+const std::pair<at::Tensor, at::Tensor>& ForwardContext::Rotary(const RotaryEmbedding& rope,
+                                                               const at::Device& device) const {
+  auto key = std::make_pair(static_cast<const void*>(&rope), device.str());
+  auto it = rotary_.find(key);
+  if (it == rotary_.end()) {
+    it = rotary_.emplace(key, rope.CosSin(past_len, seq_len, dtype, device)).first;
+  }
+  return it->second;
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, NormKind kind) {
+  const at::ScalarType in_dtype = x.scalar_type();
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (kind == NormKind::kPlain) {
+    // transformers: weight * hidden.to(input_dtype) — the product is rounded in the input dtype.
+    return w * normed.to(in_dtype);
+  }
+  // Qwen3.5: (1 + w) in fp32, one rounding at the end.
+  return (normed * (1.0 + w.to(at::kFloat))).to(in_dtype);
+}
+
+DecoderModel::DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,
+                           std::vector<std::unique_ptr<DecoderLayer>> layers)
+    : config_(std::move(config)),
+      dtype_(dtype),
+      final_norm_kind_(final_norm_kind),
+      tied_(config_.tie_word_embeddings),
+      layers_(std::move(layers)) {}
+
+void DecoderModel::ForEachWeight(const WeightVisitor& visit) {
+  const int64_t V = config_.vocab_size, H = config_.hidden_size;
+  visit({"model.embed_tokens.weight", {V, H}, &embed_tokens_});
+  visit({"model.norm.weight", {H}, &norm_});
+  if (!tied_) visit({"lm_head.weight", {V, H}, &lm_head_});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    layers_[i]->ForEachWeight([&](const WeightSlot& s) {
+      WeightSlot full = s;
+      full.name = prefix + s.name;
+      visit(full);
+    });
+  }
+}
+
+void DecoderModel::Prepare(const std::vector<at::Device>& layer_devices) {
+  TORCH_CHECK(layer_devices.size() == layers_.size(), "device map size mismatch");
+  input_device_ = layer_devices.front();
+  output_device_ = layer_devices.back();
+  embed_tokens_ = embed_tokens_.to(input_device_, dtype_);
+  norm_ = norm_.to(output_device_, dtype_);
+  if (!tied_) {
+    lm_head_ = lm_head_.to(output_device_, dtype_);
+  } else if (output_device_ != input_device_) {
+    lm_head_ = embed_tokens_.to(output_device_);  // a copy for the last device
+    tied_ = false;
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->Prepare(layer_devices[i]);
+}
+
+std::unique_ptr<ModelCache> DecoderModel::NewCache(int64_t batch, int64_t capacity) const {
+  auto cache = std::make_unique<ModelCache>();
+  cache->batch = batch;
+  cache->capacity = capacity;
+  for (const auto& layer : layers_) cache->layers.push_back(layer->NewCache(batch, capacity));
+  return cache;
+}
+
+at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
+                                 const CaptureSpec& capture, CapturedStates* captured,
+                                 LogitsMode mode) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T]");
+  TORCH_CHECK(captured != nullptr || capture.empty(), "capture requested without output");
+  const int64_t T = input_ids.size(1);
+  const int64_t past = cache ? cache->length : 0;
+  if (cache) {
+    TORCH_CHECK(cache->batch == input_ids.size(0), "cache batch mismatch");
+    TORCH_CHECK(past + T <= cache->capacity, "cache capacity ", cache->capacity, " exceeded");
+  }
+  ForwardContext ctx(past, T, dtype_);
+
+  // Layers past the last one anybody needs are skipped: extraction of a middle layer does not pay
+  // for the rest of the stack. With a cache every layer must run to keep the cache consistent.
+  const bool need_top = mode != LogitsMode::kNone || capture.final_norm || cache != nullptr;
+  int64_t last = need_top ? num_layers() - 1 : -1;
+  for (int64_t id : capture.layers) last = std::max(last, id);
+
+  std::vector<bool> keep(layers_.size(), false);
+  for (int64_t id : capture.layers) keep[id] = true;
+
+  at::Tensor h = at::embedding(embed_tokens_, input_ids.to(input_device_));  // [B, T, H]
+  if (capture.embedding) captured->embedding = h;
+  for (int64_t i = 0; i <= last; ++i) {
+    DecoderLayer& layer = *layers_[i];
+    if (h.device() != layer.device()) h = h.to(layer.device());
+    h = layer.Forward(h, ctx, cache ? cache->layers[i].get() : nullptr);
+    if (keep[i]) captured->layers[i] = h;
+  }
+  if (cache) cache->length += T;
+  if (!need_top) return at::Tensor();
+
+  if (h.device() != output_device_) h = h.to(output_device_);
+  if (mode == LogitsMode::kLast && !capture.final_norm) h = h.narrow(1, T - 1, 1);
+  at::Tensor normed = RmsNorm(h, norm_, config_.rms_norm_eps, final_norm_kind_);
+  if (capture.final_norm) captured->final_norm = normed;
+  switch (mode) {
+    case LogitsMode::kNone: return at::Tensor();
+    case LogitsMode::kLast: return at::linear(normed.select(1, normed.size(1) - 1), lm_head());
+    case LogitsMode::kAll: return at::linear(normed, lm_head());
+  }
+  return at::Tensor();
+}
+
+}  // namespace specwire

@@ -1,0 +1,155 @@
+// The decoder stack shared by every target architecture: embedding → layers → final norm →
+// lm_head, with hidden-state capture at the taps a caller asks for.
+//
+// Architectures differ only inside their DecoderLayer (llama.h: Llama / Qwen2 / Qwen3;
+// qwen3_5.h: Gated DeltaNet and gated attention) and in the final norm's flavour.
+//
+// Batches are right-padded [B, T]: every architecture here is causal, so a real token never sees
+// the padding after it, and the captured rows of real tokens are exact. Positions are
+// past_len + t for every row.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+
+namespace specwire {
+
+// One tensor a module expects from the checkpoint. `slot` is where the loader puts it.
+struct WeightSlot {
+  std::string name;            // relative to the module ("self_attn.q_proj.weight")
+  std::vector<int64_t> shape;  // expected shape
+  at::Tensor* slot;
+  bool keep_fp32 = false;      // loaded in fp32 whatever the compute dtype
+};
+using WeightVisitor = std::function<void(const WeightSlot&)>;
+
+// Per-layer decoding state (KV cache, recurrent state). Owned by a ModelCache.
+class LayerCache {
+ public:
+  virtual ~LayerCache() = default;
+};
+
+// Positions and rotary tables for one forward call; rotary tables are built once per device and
+// shared by every attention layer on it.
+class ForwardContext {
+ public:
+  ForwardContext(int64_t past_len, int64_t seq_len, at::ScalarType dtype)
+      : past_len(past_len), seq_len(seq_len), dtype(dtype) {}
+  const int64_t past_len;  // tokens already in the cache
+  const int64_t seq_len;   // T, tokens in this call
+  const at::ScalarType dtype;
+
+  // cos/sin [T, rotary_dim] for `rope` on `device`, memoised.
+  const std::pair<at::Tensor, at::Tensor>& Rotary(const class RotaryEmbedding& rope,
+                                                  const at::Device& device) const;
+
+ private:
+  mutable std::map<std::pair<const void*, std::string>, std::pair<at::Tensor, at::Tensor>> rotary_;
+};
+
+class DecoderLayer {
+ public:
+  virtual ~DecoderLayer() = default;
+  // h: [B, T, hidden] on device(); returns the residual stream after the layer.
+  virtual at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) = 0;
+  virtual void ForEachWeight(const WeightVisitor& visit) = 0;
+  // Called once after loading: fuse projections, move to the device.
+  virtual void Prepare(const at::Device& device) = 0;
+  virtual std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const = 0;
+  // Human-readable kernel description for the contract ("sdpa", "gated-delta-rule chunked fp32").
+  virtual std::string KernelVariant() const = 0;
+  const at::Device& device() const { return device_; }
+
+ protected:
+  at::Device device_ = at::kCPU;
+};
+
+// Decoding state of a whole model for one batch.
+struct ModelCache {
+  int64_t batch = 0;
+  int64_t capacity = 0;  // max tokens (prompt + generated)
+  int64_t length = 0;    // tokens already processed
+  std::vector<std::unique_ptr<LayerCache>> layers;
+};
+
+// Which hidden states to keep (see common/contract.h for the layer-id convention).
+struct CaptureSpec {
+  std::vector<int64_t> layers;  // decoder layer ids, each in [0, num_layers)
+  bool embedding = false;
+  bool final_norm = false;
+  bool empty() const { return layers.empty() && !embedding && !final_norm; }
+};
+
+struct CapturedStates {
+  at::Tensor embedding;                  // [B, T, hidden] when requested
+  std::map<int64_t, at::Tensor> layers;  // layer id → [B, T, hidden]
+  at::Tensor final_norm;                 // [B, T, hidden] when requested
+};
+
+enum class LogitsMode {
+  kNone,  // extraction: the stack stops after the last layer anyone needs
+  kLast,  // next-token logits of position T-1 of every row: [B, vocab]
+  kAll    // [B, T, vocab]
+};
+
+// How a model's final norm is computed.
+enum class NormKind {
+  kPlain,          // Llama / Qwen2 / Qwen3: w * (x / rms(x)).to(dtype)
+  kOnePlusWeight,  // Qwen3.5: ((x / rms(x)) * (1 + w)) in fp32, then cast
+};
+
+// RMSNorm exactly as transformers rounds it. x: [..., dim]; w: [dim].
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, NormKind kind);
+
+class DecoderModel {
+ public:
+  DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,
+               std::vector<std::unique_ptr<DecoderLayer>> layers);
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  const DecoderLayer& layer(int64_t i) const { return *layers_[i]; }
+  // First device (embedding) and last device (final norm, lm_head).
+  const at::Device& input_device() const { return input_device_; }
+  const at::Device& output_device() const { return output_device_; }
+  // Model-level weights: model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent when
+  // tied), then every layer's under model.layers.{i}.
+  void ForEachWeight(const WeightVisitor& visit);
+  // After loading. `layer_devices[i]` is layer i's device.
+  void Prepare(const std::vector<at::Device>& layer_devices);
+
+  const at::Tensor& embed_tokens() const { return embed_tokens_; }
+  const at::Tensor& lm_head() const { return tied_ ? embed_tokens_ : lm_head_; }
+
+  std::unique_ptr<ModelCache> NewCache(int64_t batch, int64_t capacity) const;
+
+  // Runs input_ids [B, T] (int64, any device) through the stack. With a cache, the tokens extend
+  // it (positions continue at cache->length) and cache->length grows by T. Captured states stay on
+  // the device that produced them. Returns logits per `mode` (undefined tensor for kNone).
+  at::Tensor Forward(const at::Tensor& input_ids, ModelCache* cache, const CaptureSpec& capture,
+                     CapturedStates* captured, LogitsMode mode);
+
+ private:
+  ModelConfig config_;
+  at::ScalarType dtype_;
+  NormKind final_norm_kind_;
+  bool tied_;
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  at::Tensor embed_tokens_;  // [vocab, hidden]
+  at::Tensor norm_;          // [hidden]
+  at::Tensor lm_head_;       // [vocab, hidden], undefined when tied
+  at::Device input_device_ = at::kCPU;
+  at::Device output_device_ = at::kCPU;
+};
+
+}  // namespace specwire

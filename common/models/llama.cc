@@ -1,0 +1,121 @@
+#include "common/models/llama.h"
+
+#include <cmath>
+
+#include "common/models/attention.h"
+
+namespace specwire {
+
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t index,
+                                     std::shared_ptr<const RotaryEmbedding> rope,
+                                     at::ScalarType dtype)
+    : hidden_(c.hidden_size),
+      heads_(c.num_heads),
+      kv_heads_(c.num_kv_heads),
+      head_dim_(c.head_dim),
+      intermediate_(c.intermediate_size),
+      eps_(c.rms_norm_eps),
+      qk_norm_(c.qk_norm),
+      qkv_bias_(c.attention_bias),
+      o_bias_(c.o_proj_bias),
+      mlp_bias_(c.mlp_bias),
+      sliding_window_(c.layer_types[index] == LayerType::kSlidingAttention ? c.sliding_window : 0),
+      dtype_(dtype),
+      rope_(std::move(rope)) {}
+
+void LlamaDecoderLayer::ForEachWeight(const WeightVisitor& visit) {
+  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  visit({"input_layernorm.weight", {hidden_}, &input_norm_});
+  visit({"self_attn.q_proj.weight", {q_out, hidden_}, &q_w_});
+  visit({"self_attn.k_proj.weight", {kv_out, hidden_}, &k_w_});
+  visit({"self_attn.v_proj.weight", {kv_out, hidden_}, &v_w_});
+  visit({"self_attn.o_proj.weight", {hidden_, q_out}, &o_w_});
+  if (qkv_bias_) {
+    visit({"self_attn.q_proj.bias", {q_out}, &q_b_});
+    visit({"self_attn.k_proj.bias", {kv_out}, &k_b_});
+    visit({"self_attn.v_proj.bias", {kv_out}, &v_b_});
+  }
+  if (o_bias_) visit({"self_attn.o_proj.bias", {hidden_}, &o_b_});
+  if (qk_norm_) {
+    visit({"self_attn.q_norm.weight", {head_dim_}, &q_norm_});
+    visit({"self_attn.k_norm.weight", {head_dim_}, &k_norm_});
+  }
+  visit({"post_attention_layernorm.weight", {hidden_}, &post_norm_});
+  visit({"mlp.gate_proj.weight", {intermediate_, hidden_}, &gate_w_});
+  visit({"mlp.up_proj.weight", {intermediate_, hidden_}, &up_w_});
+  visit({"mlp.down_proj.weight", {hidden_, intermediate_}, &down_w_});
+  if (mlp_bias_) {
+    visit({"mlp.gate_proj.bias", {intermediate_}, &gate_b_});
+    visit({"mlp.up_proj.bias", {intermediate_}, &up_b_});
+    visit({"mlp.down_proj.bias", {hidden_}, &down_b_});
+  }
+}
+
+void LlamaDecoderLayer::Prepare(const at::Device& device) {
+  device_ = device;
+  auto to_dev = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(device, dtype_).contiguous();
+  };
+  // One GEMM for q, k and v, and one for gate and up: fewer passes over the activations and
+  // larger, more efficient matrix products. Rows are concatenated, so outputs are [q | k | v].
+  qkv_w_ = at::cat({q_w_, k_w_, v_w_}, 0).to(device, dtype_);
+  if (qkv_bias_) qkv_b_ = at::cat({q_b_, k_b_, v_b_}, 0).to(device, dtype_);
+  gate_up_w_ = at::cat({gate_w_, up_w_}, 0).to(device, dtype_);
+  if (mlp_bias_) gate_up_b_ = at::cat({gate_b_, up_b_}, 0).to(device, dtype_);
+  q_w_ = k_w_ = v_w_ = q_b_ = k_b_ = v_b_ = gate_w_ = up_w_ = gate_b_ = up_b_ = at::Tensor();
+  for (at::Tensor* t : {&input_norm_, &post_norm_, &q_norm_, &k_norm_, &o_w_, &o_b_, &down_w_, &down_b_}) {
+    to_dev(*t);
+  }
+}
+
+std::unique_ptr<LayerCache> LlamaDecoderLayer::NewCache(int64_t batch, int64_t capacity) const {
+  return std::make_unique<KvCache>(batch, kv_heads_, capacity, head_dim_, dtype_, device_);
+}
+
+std::string LlamaDecoderLayer::KernelVariant() const {
+  return sliding_window_ > 0 ? "sdpa sliding-window" : "sdpa";
+}
+
+at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext& ctx,
+                                      LayerCache* cache) {
+  const int64_t B = h.size(0), T = h.size(1);
+  // --- attention block ---
+  at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kPlain);                 // [B, T, H]
+  at::Tensor qkv = at::linear(n, qkv_w_, qkv_b_);                                 // [B, T, (Hq+2Hkv)*D]
+  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  at::Tensor q = qkv.narrow(-1, 0, q_out).view({B, T, heads_, head_dim_});
+  at::Tensor k = qkv.narrow(-1, q_out, kv_out).view({B, T, kv_heads_, head_dim_});
+  at::Tensor v = qkv.narrow(-1, q_out + kv_out, kv_out).view({B, T, kv_heads_, head_dim_});
+  if (qk_norm_) {
+    q = RmsNorm(q, q_norm_, eps_, NormKind::kPlain);
+    k = RmsNorm(k, k_norm_, eps_, NormKind::kPlain);
+  }
+  q = q.transpose(1, 2);  // [B, Hq, T, D]
+  k = k.transpose(1, 2);  // [B, Hkv, T, D]
+  v = v.transpose(1, 2);
+  const auto& [cos, sin] = ctx.Rotary(*rope_, device_);
+  q = RotaryEmbedding::Apply(q, cos, sin);
+  k = RotaryEmbedding::Apply(k, cos, sin);
+  at::Tensor attn = CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), sliding_window_,
+                                    1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq*D]
+  at::Tensor out = h + at::linear(attn, o_w_, o_b_);  // a new tensor: `h` may be a captured state
+
+  // --- MLP block ---
+  at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kPlain);
+  at::Tensor gu = at::linear(m, gate_up_w_, gate_up_b_);  // [B, T, 2I]
+  at::Tensor act = at::silu(gu.narrow(-1, 0, intermediate_)) * gu.narrow(-1, intermediate_, intermediate_);
+  out.add_(at::linear(act, down_w_, down_b_));
+  return out;
+}
+
+std::unique_ptr<DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,
+                                                    at::ScalarType dtype) {
+  auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
+  std::vector<std::unique_ptr<DecoderLayer>> layers;
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    layers.push_back(std::make_unique<LlamaDecoderLayer>(config, i, rope, dtype));
+  }
+  return std::make_unique<DecoderModel>(config, dtype, NormKind::kPlain, std::move(layers));
+}
+
+}  // namespace specwire

@@ -1,0 +1,245 @@
+#include "common/models/loader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <torch/headeronly/version.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/digest.h"
+#include "common/models/llama.h"
+#include "common/models/torch_util.h"
+#include "common/status.h"
+
+namespace specwire {
+namespace {
+
+constexpr char kTextPrefix[] = "model.";
+constexpr char kVlmPrefix[] = "model.language_model.";
+
+// Checkpoint tensors that are deliberately not loaded, by prefix, with the reason given in the
+// load report. `vlm_only` groups are errors in a text-only checkpoint.
+struct SkipRule {
+  const char* prefix;
+  const char* reason;
+  bool vlm_only;
+};
+constexpr SkipRule kSkipRules[] = {
+    {"model.visual.", "vision tower: the text path does not use it", true},
+    {"visual.", "vision tower: the text path does not use it", true},
+    {"mtp.", "multi-token-prediction head: not part of the CausalLM forward", false},
+};
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
+                                                         at::ScalarType dtype) {
+  switch (c.family) {
+    case ModelFamily::kLlama:
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3:
+      return BuildLlamaFamilyModel(c, dtype);
+    case ModelFamily::kQwen3_5:
+      break;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("architecture ", c.architecture, " has no implementation in this build"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec,
+                                                        int64_t num_layers) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ',', absl::SkipWhitespace());
+  if (parts.empty()) return absl::InvalidArgumentError("device map is empty");
+  const bool explicit_ranges = spec.find('=') != std::string::npos;
+  std::vector<at::Device> devices;
+  if (!explicit_ranges) {
+    std::vector<at::Device> listed;
+    for (const std::string& p : parts) {
+      SW_ASSIGN_OR_RETURN(at::Device d, ParseDevice(p));
+      listed.push_back(d);
+    }
+    const int64_t n = static_cast<int64_t>(listed.size());
+    for (int64_t i = 0; i < num_layers; ++i) devices.push_back(listed[i * n / num_layers]);
+    return devices;
+  }
+  std::vector<std::optional<at::Device>> per_layer(num_layers);
+  for (const std::string& p : parts) {
+    std::vector<std::string> kv = absl::StrSplit(p, '=');
+    std::vector<std::string> range = kv.size() == 2 ? absl::StrSplit(kv[1], '-')
+                                                    : std::vector<std::string>{};
+    int64_t lo = 0, hi = 0;
+    if (kv.size() != 2 || range.size() != 2 || !absl::SimpleAtoi(range[0], &lo) ||
+        !absl::SimpleAtoi(range[1], &hi)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device map entry \"", p, "\" is not DEVICE=FIRST-LAST"));
+    }
+    SW_ASSIGN_OR_RETURN(at::Device d, ParseDevice(kv[0]));
+    if (lo < 0 || hi >= num_layers || lo > hi) {
+      return absl::InvalidArgumentError(absl::StrCat("device map entry \"", p,
+                                                     "\": layers must lie in [0, ", num_layers - 1,
+                                                     "]"));
+    }
+    for (int64_t i = lo; i <= hi; ++i) {
+      if (per_layer[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device map assigns layer ", i, " twice"));
+      }
+      per_layer[i] = d;
+    }
+  }
+  for (int64_t i = 0; i < num_layers; ++i) {
+    if (!per_layer[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("device map leaves layer ", i, " unassigned"));
+    }
+    devices.push_back(*per_layer[i]);
+  }
+  return devices;
+}
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
+                                                       const LoadOptions& options) {
+  auto loaded = std::make_unique<LoadedModel>();
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  SW_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
+  SW_ASSIGN_OR_RETURN(loaded->config, ParseModelConfig(config_text, config_path));
+  const ModelConfig& config = loaded->config;
+  SW_ASSIGN_OR_RETURN(loaded->checkpoint, Checkpoint::Open(dir));
+  const Checkpoint& ckpt = *loaded->checkpoint;
+  SW_ASSIGN_OR_RETURN(std::vector<at::Device> devices,
+                      ResolveDeviceMap(options.device_map, config.num_layers));
+
+  // Source layout: where the text model's tensors live.
+  bool vlm_tensors = false;
+  for (const auto& [name, view] : ckpt.tensors()) {
+    if (name.starts_with(kVlmPrefix)) vlm_tensors = true;
+  }
+  const std::string prefix = vlm_tensors ? kVlmPrefix : kTextPrefix;
+  const bool vlm = vlm_tensors || config.vlm_packaged;
+
+  absl::Status status = RunGuarded("loading " + dir, [&]() -> absl::Status {
+    SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype));
+    DecoderModel& model = *loaded->model;
+
+    std::set<std::string> consumed;
+    std::map<std::string, const TensorView*> loaded_by_canonical;  // for the digest
+    std::vector<std::string> missing;
+    absl::Status load_error;
+    model.ForEachWeight([&](const WeightSlot& slot) {
+      if (!load_error.ok()) return;
+      std::string source = slot.name;
+      if (source.starts_with(kTextPrefix)) source = prefix + source.substr(strlen(kTextPrefix));
+      const TensorView* view = ckpt.Find(source);
+      if (view == nullptr) {
+        missing.push_back(source);
+        return;
+      }
+      if (view->shape != slot.shape) {
+        load_error = absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", source, "\" has shape ", ShapeString(view->shape),
+                         " but config.json implies ", ShapeString(slot.shape)));
+        return;
+      }
+      const at::ScalarType want = slot.keep_fp32 ? at::kFloat : options.dtype;
+      // Same dtype on CPU: the mapped bytes are used in place.
+      *slot.slot = WrapView(*view).to(want);
+      consumed.insert(source);
+      loaded_by_canonical[slot.name] = view;
+    });
+    SW_RETURN_IF_ERROR(load_error);
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 8);
+      return absl::InvalidArgumentError(absl::StrCat(
+          missing.size(), " tensor(s) required by ", config.architecture,
+          " missing from the checkpoint: ",
+          absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+          missing.size() > shown ? ", ..." : ""));
+    }
+
+    // Everything not loaded is skipped for a reason, or is an error.
+    std::map<std::string, SkippedTensors> skipped;
+    auto skip = [&](const std::string& group, const std::string& reason) {
+      auto& s = skipped[group];
+      s.prefix = group;
+      s.reason = reason;
+      ++s.count;
+    };
+    for (const auto& [name, view] : ckpt.tensors()) {
+      if (consumed.count(name)) continue;
+      bool handled = false;
+      for (const SkipRule& rule : kSkipRules) {
+        if (name.starts_with(rule.prefix) && (vlm || !rule.vlm_only)) {
+          skip(rule.prefix, rule.reason);
+          handled = true;
+          break;
+        }
+      }
+      if (handled) continue;
+      if (name == "lm_head.weight" && config.tie_word_embeddings) {
+        skip(name, "tie_word_embeddings: lm_head is model.embed_tokens.weight");
+      } else if (name.ends_with("rotary_emb.inv_freq")) {
+        skip("rotary_emb.inv_freq", "recomputed from config.json");
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unexpected tensor \"", name, "\" in the checkpoint: ",
+                         config.architecture, " has no such weight (source layout ",
+                         vlm ? "vlm" : "text", ", prefix ", prefix, ")"));
+      }
+    }
+
+    // Digest over canonical names and source bytes: the same weights give the same digest whatever
+    // the packaging, dtype or device they run with.
+    ContentDigest digest;
+    for (const auto& [name, view] : loaded_by_canonical) {
+      digest.UpdateField(name);
+      digest.UpdateField(DTypeName(view->dtype));
+      digest.UpdateField(ShapeString(view->shape));
+      digest.Update(std::span<const std::byte>(view->data, view->nbytes));
+    }
+
+    model.Prepare(devices);
+
+    ExtractionContract& c = loaded->contract;
+    c.architecture = config.architecture;
+    c.model_type = config.model_type;
+    c.source_layout = vlm ? "vlm" : "text";
+    c.source_architecture = config.vlm_packaged ? config.vlm_architecture : config.architecture;
+    c.weight_prefix = prefix;
+    c.tensors_loaded = static_cast<int64_t>(consumed.size());
+    for (auto& [group, s] : skipped) {
+      c.tensors_skipped += s.count;
+      c.skipped.push_back(s);
+    }
+    c.num_layers = config.num_layers;
+    c.hidden_size = config.hidden_size;
+    c.vocab_size = config.vocab_size;
+    for (LayerType t : config.layer_types) c.layer_types.push_back(LayerTypeName(t));
+    c.compute_dtype = ScalarTypeName(options.dtype);
+    for (const at::Device& d : devices) c.devices.push_back(d.str());
+    std::set<std::string> kernels;
+    for (int64_t i = 0; i < model.num_layers(); ++i) kernels.insert(model.layer(i).KernelVariant());
+    c.kernel_variant = absl::StrCat(absl::StrJoin(kernels, "; "), " (libtorch ", TORCH_VERSION_MAJOR, ".",
+                                    TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH, ")");
+    c.weights_digest = digest.Hex();
+    const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
+    if (std::filesystem::exists(tok_path)) {
+      SW_ASSIGN_OR_RETURN(std::string tok, ReadFileToString(tok_path));
+      c.tokenizer_digest =
+          DigestBytes(std::as_bytes(std::span<const char>(tok.data(), tok.size())));
+    }
+    c.specwire_version = SPECWIRE_VERSION;
+    return absl::OkStatus();
+  });
+  SW_RETURN_IF_ERROR(status);
+  return loaded;
+}
+
+}  // namespace specwire

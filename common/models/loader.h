@@ -1,0 +1,50 @@
+// Loads a Hugging Face CausalLM checkpoint directory into a DecoderModel and states what it loaded.
+//
+// One pass over the model's weight list (DecoderModel::ForEachWeight) drives loading, shape
+// validation and the load report: every expected tensor must exist with its exact shape; every
+// checkpoint tensor must be either loaded or skipped for a stated reason (vision tower and MTP head
+// of a VLM package, an lm_head tied to the embedding, rotary buffers); anything else is an error
+// that names it. A VLM-packaged checkpoint (model.language_model.*) runs through the text path
+// exactly like transformers' AutoModelForCausalLM.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/checkpoint.h"
+#include "common/contract.h"
+#include "common/model_config.h"
+#include "common/models/decoder.h"
+
+namespace specwire {
+
+struct LoadOptions {
+  at::ScalarType dtype = at::kFloat;  // compute dtype: float32, bfloat16 or float16
+  // Where layers run:
+  //   "cpu", "cuda", "cuda:1"           every layer on one device
+  //   "cuda:0,cuda:1"                   layers split into equal contiguous runs, in order
+  //   "cuda:0=0-31,cuda:1=32-63"        explicit inclusive layer ranges covering every layer once
+  // The embedding runs on the first layer's device; final norm and lm_head on the last one's.
+  std::string device_map = "cpu";
+};
+
+struct LoadedModel {
+  // Kept alive: CPU weights whose dtype already matches are views into its mapping (no copy).
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<DecoderModel> model;
+  ModelConfig config;
+  ExtractionContract contract;
+};
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
+                                                       const LoadOptions& options);
+
+// Resolves a device map (see LoadOptions::device_map) into one device per layer.
+absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec,
+                                                        int64_t num_layers);
+
+}  // namespace specwire

@@ -1,0 +1,32 @@
+// Rotary position embedding (RoPE) as transformers computes it: inverse frequencies in fp32
+// (with "linear" or "llama3" rescaling), cos/sin of position × frequency in fp32, rounded to the
+// compute dtype, applied with the half-split rotate_half on the first rotary_dim dims of a head.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "common/model_config.h"
+
+namespace specwire {
+
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding(const RopeConfig& rope, int64_t head_dim);
+
+  int64_t rotary_dim() const { return rotary_dim_; }
+  const at::Tensor& inv_freq() const { return inv_freq_; }  // [rotary_dim / 2] fp32, CPU
+
+  // cos and sin for positions [start, start + len), each [len, rotary_dim] in `dtype` on `device`.
+  std::pair<at::Tensor, at::Tensor> CosSin(int64_t start, int64_t len, at::ScalarType dtype,
+                                           const at::Device& device) const;
+
+  // Rotates x: [B, heads, T, head_dim] with cos/sin [T, rotary_dim]; dims past rotary_dim pass
+  // through (partial rotary, Qwen3.5).
+  static at::Tensor Apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+ private:
+  int64_t rotary_dim_;
+  at::Tensor inv_freq_;
+};
+
+}  // namespace specwire

@@ -1,0 +1,55 @@
+// The extraction engine: a loaded target plus the two operations the extractor offers — hidden
+// states of token sequences and greedy completions. Thread-compatible, not thread-safe: the
+// service runs it on its own worker thread(s); offline tools call it directly.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/models/decoder.h"
+#include "common/models/generate.h"
+#include "common/models/loader.h"
+
+namespace specwire {
+
+// Hidden states of one sequence, on the CPU in the requested dtype, each [T, hidden].
+struct SequenceStates {
+  at::Tensor embedding;                  // when requested
+  std::map<int64_t, at::Tensor> layers;  // layer id → state
+  at::Tensor final_norm;                 // when requested
+};
+
+class ExtractionEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<ExtractionEngine>> Load(const std::string& model_dir,
+                                                                const LoadOptions& options);
+  explicit ExtractionEngine(std::unique_ptr<LoadedModel> model) : model_(std::move(model)) {}
+
+  const ExtractionContract& contract() const { return model_->contract; }
+  const ModelConfig& config() const { return model_->config; }
+  DecoderModel& model() { return *model_->model; }
+
+  // Checks a request against the model: non-empty sequences, token ids inside the vocabulary,
+  // layer ids inside [0, num_layers), something to capture. INVALID_ARGUMENT names the field.
+  absl::Status Validate(const std::vector<std::vector<int64_t>>& sequences,
+                        const CaptureSpec& capture) const;
+
+  // Runs the sequences as one right-padded batch and returns each sequence's requested states
+  // converted to `out_dtype` on the CPU.
+  absl::StatusOr<std::vector<SequenceStates>> Extract(
+      const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture,
+      at::ScalarType out_dtype);
+
+  absl::StatusOr<GenerateResult> Generate(const std::vector<int64_t>& prompt,
+                                          const GenerateOptions& options,
+                                          const TokenCallback& on_token = nullptr);
+
+ private:
+  std::unique_ptr<LoadedModel> model_;
+};
+
+}  // namespace specwire
