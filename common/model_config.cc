@@ -214,7 +214,10 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
   }
   SW_ASSIGN_OR_RETURN(c.rms_norm_eps, k.Double("rms_norm_eps", 1e-6));
   SW_ASSIGN_OR_RETURN(c.tie_word_embeddings, k.Bool("tie_word_embeddings", false));
-  SW_ASSIGN_OR_RETURN(c.max_position_embeddings, k.Int("max_position_embeddings", 32768));
+  // transformers' defaults: Llama 2048, Qwen2/Qwen3/Qwen3.5 32768.
+  SW_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                      k.Int("max_position_embeddings",
+                            c.family == ModelFamily::kLlama ? 2048 : 32768));
   SW_ASSIGN_OR_RETURN(std::string act, k.String("hidden_act", "silu"));
   if (act != "silu") {
     return k.Error("hidden_act", absl::StrCat("is \"", act, "\"; only \"silu\" is supported"));

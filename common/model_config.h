@@ -41,6 +41,7 @@ struct RopeConfig {
   // mRoPE sections of Qwen3.5 ([11, 11, 10]). Text-only input gives all three rows the same
   // positions, which makes interleaved mRoPE exactly 1-D RoPE; kept for the contract only.
   std::vector<int64_t> mrope_section;
+  bool operator==(const RopeConfig&) const = default;
 };
 
 struct ModelConfig {

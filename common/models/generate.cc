@@ -23,6 +23,13 @@ absl::StatusOr<GenerateResult> GreedyGenerate(DecoderModel& model, std::span<con
     return absl::InvalidArgumentError(
         absl::StrCat("max_new_tokens = ", options.max_new_tokens, " is negative"));
   }
+  // The KV cache is allocated up front for prompt + max_new_tokens positions.
+  constexpr int64_t kMaxTotalTokens = 1 << 20;
+  if (static_cast<int64_t>(prompt.size()) + options.max_new_tokens > kMaxTotalTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", options.max_new_tokens,
+                                                   ": prompt + completion would exceed ",
+                                                   kMaxTotalTokens, " tokens"));
+  }
   std::vector<int64_t> stops = options.stop_token_ids;
   if (options.use_config_eos) {
     stops.insert(stops.end(), model.config().eos_token_ids.begin(),

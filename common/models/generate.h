@@ -16,14 +16,14 @@ namespace specwire {
 struct GenerateOptions {
   int64_t max_new_tokens = 128;
   // Generation stops after emitting any of these (the stop token is part of the completion, as
-  // in transformers' generate()). Empty: the model config's eos_token_id.
+  // in transformers' generate()), or any of config.eos_token_ids when use_config_eos is set.
   std::vector<int64_t> stop_token_ids;
   bool use_config_eos = true;  // add config.eos_token_ids to stop_token_ids
 };
 
 struct GenerateResult {
   std::vector<int64_t> tokens;  // completion only
-  std::string finish_reason;    // "stop_token" or "max_new_tokens"
+  std::string finish_reason;    // "stop_token", "max_new_tokens" or "cancelled" (callback)
 };
 
 // Callback after every emitted token; returning false stops generation (cancellation).

@@ -11,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "common/digest.h"
 #include "common/models/llama.h"
+#include "common/models/qwen3_5.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 
@@ -47,7 +49,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
     case ModelFamily::kQwen3:
       return BuildLlamaFamilyModel(c, dtype);
     case ModelFamily::kQwen3_5:
-      break;
+      return BuildQwen3_5Model(c, dtype);
   }
   return absl::UnimplementedError(
       absl::StrCat("architecture ", c.architecture, " has no implementation in this build"));
@@ -58,6 +60,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
 absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec,
                                                         int64_t num_layers) {
   std::vector<std::string> parts = absl::StrSplit(spec, ',', absl::SkipWhitespace());
+  for (std::string& p : parts) p = std::string(absl::StripAsciiWhitespace(p));
   if (parts.empty()) return absl::InvalidArgumentError("device map is empty");
   const bool explicit_ranges = spec.find('=') != std::string::npos;
   std::vector<at::Device> devices;

@@ -63,7 +63,7 @@ absl::StatusOr<at::Device> ParseDevice(absl::string_view name) {
   if (name == "cpu") return at::Device(at::kCPU);
   if (name == "cuda" || absl::StartsWith(name, "cuda:")) {
     int index = 0;
-    if (name.size() > 5 && !absl::SimpleAtoi(name.substr(5), &index)) {
+    if (name.size() >= 5 && (!absl::SimpleAtoi(name.substr(5), &index) || index < 0)) {
       return absl::InvalidArgumentError(absl::StrCat("device \"", name, "\": bad CUDA index"));
     }
     if (!CudaAvailable()) {

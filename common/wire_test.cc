@@ -1,0 +1,112 @@
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+
+namespace specwire {
+namespace {
+
+std::span<const std::byte> Bytes(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 B.4 and the common "123456789" check value.
+  EXPECT_EQ(Crc32c(Bytes("123456789")), 0xE3069283u);
+  EXPECT_EQ(Crc32c(Bytes(std::string(32, '\0'))), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(Bytes(std::string(32, '\xff'))), 0x62A8AB43u);
+  EXPECT_EQ(Crc32c(Bytes("")), 0u);
+}
+
+TEST(Crc32c, ChainsAcrossCalls) {
+  std::string s(1000, '\0');
+  std::iota(s.begin(), s.end(), 0);
+  for (size_t split : {0u, 1u, 7u, 8u, 9u, 500u, 999u, 1000u}) {
+    const uint32_t a = Crc32c(Bytes(s.substr(0, split)));
+    EXPECT_EQ(Crc32c(Bytes(s.substr(split)), a), Crc32c(Bytes(s))) << split;
+  }
+}
+
+TEST(PlanChunks, WholeRowsWithinLimit) {
+  std::vector<std::byte> m(10 * 12);
+  auto chunks = PlanChunks(m, /*rows=*/10, /*row_bytes=*/12, /*max_chunk_bytes=*/40);
+  ASSERT_EQ(chunks.size(), 4u);  // 3 + 3 + 3 + 1 rows
+  int64_t next = 0;
+  for (const auto& c : chunks) {
+    EXPECT_EQ(c.row_start, next);
+    EXPECT_LE(c.bytes.size(), 40u);
+    EXPECT_EQ(c.bytes.size(), static_cast<size_t>(c.row_count * 12));
+    next += c.row_count;
+  }
+  EXPECT_EQ(next, 10);
+}
+
+TEST(PlanChunks, RowLargerThanLimitTravelsAlone) {
+  std::vector<std::byte> m(3 * 100);
+  auto chunks = PlanChunks(m, 3, 100, 10);
+  ASSERT_EQ(chunks.size(), 3u);
+  for (const auto& c : chunks) EXPECT_EQ(c.row_count, 1);
+}
+
+class AssemblerTest : public ::testing::Test {
+ protected:
+  // 5 rows x 4 floats.
+  std::vector<std::byte> Matrix() {
+    std::vector<float> v(20);
+    std::iota(v.begin(), v.end(), 1.0f);
+    auto b = std::as_bytes(std::span<const float>(v));
+    return {b.begin(), b.end()};
+  }
+};
+
+TEST_F(AssemblerTest, RebuildsExactBytes) {
+  auto m = Matrix();
+  StateAssembler a(5, 4, DType::kF32);
+  for (const auto& c : PlanChunks(m, 5, 16, 32)) {
+    ASSERT_TRUE(a.Add(c.row_start, c.row_count, 4, DType::kF32, c.bytes, Crc32c(c.bytes)).ok());
+  }
+  EXPECT_TRUE(a.complete());
+  EXPECT_EQ(a.bytes(), m);
+}
+
+TEST_F(AssemblerTest, RejectsCorruptionAndInconsistency) {
+  auto m = Matrix();
+  auto chunks = PlanChunks(m, 5, 16, 32);
+  {
+    StateAssembler a(5, 4, DType::kF32);
+    auto s = a.Add(0, 2, 4, DType::kF32, chunks[0].bytes, Crc32c(chunks[0].bytes) ^ 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  }
+  {
+    StateAssembler a(5, 4, DType::kF32);
+    auto s = a.Add(2, 2, 4, DType::kF32, chunks[1].bytes, Crc32c(chunks[1].bytes));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(s.message()).find("token_start"), std::string::npos);
+  }
+  {
+    StateAssembler a(5, 4, DType::kF32);
+    auto s = a.Add(0, 2, 4, DType::kBF16, chunks[0].bytes, Crc32c(chunks[0].bytes));
+    EXPECT_NE(std::string(s.message()).find("dtype"), std::string::npos);
+  }
+  {
+    StateAssembler a(5, 4, DType::kF32);
+    auto s = a.Add(0, 2, 8, DType::kF32, chunks[0].bytes, Crc32c(chunks[0].bytes));
+    EXPECT_NE(std::string(s.message()).find("hidden_size"), std::string::npos);
+  }
+  {
+    StateAssembler a(1, 4, DType::kF32);
+    auto s = a.Add(0, 2, 4, DType::kF32, chunks[0].bytes, Crc32c(chunks[0].bytes));
+    EXPECT_NE(std::string(s.message()).find("sequence_length"), std::string::npos);
+  }
+  {
+    StateAssembler a(5, 4, DType::kF32);
+    auto short_data = chunks[0].bytes.subspan(0, 20);
+    auto s = a.Add(0, 2, 4, DType::kF32, short_data, Crc32c(short_data));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace specwire
