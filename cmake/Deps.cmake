@@ -15,3 +15,11 @@ find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 if(SPECWIRE_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# The services: gRPC, protobuf, Prometheus (Debian packages).
+if(NOT SPECWIRE_ENGINE_ONLY)
+  find_package(Protobuf REQUIRED)
+  find_package(gRPC CONFIG REQUIRED)
+  find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+  find_package(prometheus-cpp CONFIG REQUIRED)
+endif()

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 
@@ -83,6 +84,29 @@ absl::StatusOr<GenerateResult> ExtractionEngine::Generate(const std::vector<int6
                                                           const GenerateOptions& options,
                                                           const TokenCallback& on_token) {
   return GreedyGenerate(model(), prompt, options, on_token);
+}
+
+absl::StatusOr<TensorBytes> ExtractionEngine::StoredTensor(const std::string& name) {
+  std::string canonical = name;
+  if (canonical == "lm_head.weight" && config().tie_word_embeddings) {
+    canonical = "model.embed_tokens.weight";
+  }
+  std::string source = canonical;
+  if (source.starts_with("model.")) source = contract().weight_prefix + source.substr(6);
+  const TensorView* view = model_->checkpoint->Find(source);
+  if (view == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is not in the checkpoint (looked for \"",
+                                            source, "\")"));
+  }
+  TensorBytes t;
+  t.name = name;
+  t.shape = view->shape;
+  t.dtype = view->dtype;
+  t.bytes = std::span<const std::byte>(view->data, view->nbytes);
+  auto it = digests_.find(source);
+  if (it == digests_.end()) it = digests_.emplace(source, DigestBytes(t.bytes)).first;
+  t.digest = it->second;
+  return t;
 }
 
 }  // namespace specwire

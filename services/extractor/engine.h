@@ -13,6 +13,7 @@
 #include "common/models/decoder.h"
 #include "common/models/generate.h"
 #include "common/models/loader.h"
+#include "services/extractor/work.h"
 
 namespace specwire {
 
@@ -48,8 +49,14 @@ class ExtractionEngine {
                                           const GenerateOptions& options,
                                           const TokenCallback& on_token = nullptr);
 
+  // A target tensor by canonical name ("model.embed_tokens.weight", "lm_head.weight",
+  // "model.norm.weight", "model.layers.0...."), exactly as stored in the checkpoint (a tied
+  // lm_head is the embedding). The bytes live as long as the engine. NOT_FOUND names the tensor.
+  absl::StatusOr<TensorBytes> StoredTensor(const std::string& name);
+
  private:
   std::unique_ptr<LoadedModel> model_;
+  std::map<std::string, std::string> digests_;  // tensor name → digest, computed on first use
 };
 
 }  // namespace specwire

@@ -1,0 +1,75 @@
+#include "services/extractor/metrics.h"
+
+namespace specwire {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
+}  // namespace
+
+ExtractorMetrics::ExtractorMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("specwire_extractor_requests_total")
+                    .Help("Finished RPCs by method and gRPC status code")
+                    .Register(*registry_)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("specwire_extractor_request_duration_seconds")
+                   .Help("RPC latency from arrival to the last message, by method")
+                   .Register(*registry_)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("specwire_extractor_tokens_total")
+                  .Help("Tokens processed (Extract: input tokens; Generate: prompt + completion)")
+                  .Register(*registry_)),
+      bytes_(prometheus::BuildCounter()
+                 .Name("specwire_extractor_streamed_bytes_total")
+                 .Help("Hidden-state and tensor payload bytes written to clients")
+                 .Register(*registry_)
+                 .Add({})),
+      batch_requests_(prometheus::BuildHistogram()
+                          .Name("specwire_extractor_batch_requests")
+                          .Help("Requests per engine batch")
+                          .Register(*registry_)
+                          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
+      batch_tokens_(prometheus::BuildHistogram()
+                        .Name("specwire_extractor_batch_tokens")
+                        .Help("Padded tokens per engine batch")
+                        .Register(*registry_)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     64, 256, 1024, 4096, 16384, 65536, 262144})),
+      queue_wait_(prometheus::BuildHistogram()
+                      .Name("specwire_extractor_queue_wait_seconds")
+                      .Help("Time requests wait for the engine")
+                      .Register(*registry_)
+                      .Add({}, kLatencyBuckets)),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("specwire_extractor_queue_depth")
+                       .Help("Requests waiting for the engine")
+                       .Register(*registry_)
+                       .Add({})),
+      active_streams_(prometheus::BuildGauge()
+                          .Name("specwire_extractor_active_streams")
+                          .Help("Open Extract / Generate / GetTensors streams")
+                          .Register(*registry_)
+                          .Add({})) {}
+
+void ExtractorMetrics::RequestDone(const std::string& method, const std::string& code,
+                                   double seconds) {
+  requests_.Add({{"method", method}, {"code", code}}).Increment();
+  latency_.Add({{"method", method}}, kLatencyBuckets).Observe(seconds);
+}
+void ExtractorMetrics::Tokens(const std::string& method, int64_t n) {
+  tokens_.Add({{"method", method}}).Increment(static_cast<double>(n));
+}
+void ExtractorMetrics::BytesStreamed(int64_t n) { bytes_.Increment(static_cast<double>(n)); }
+void ExtractorMetrics::Batch(int requests, int64_t tokens) {
+  batch_requests_.Observe(requests);
+  batch_tokens_.Observe(static_cast<double>(tokens));
+}
+void ExtractorMetrics::QueueWait(double seconds) { queue_wait_.Observe(seconds); }
+void ExtractorMetrics::SetQueueDepth(int64_t n) { queue_depth_.Set(static_cast<double>(n)); }
+void ExtractorMetrics::StreamOpened() { active_streams_.Increment(); }
+void ExtractorMetrics::StreamClosed() { active_streams_.Decrement(); }
+
+}  // namespace specwire

@@ -1,0 +1,680 @@
+#include "services/extractor/server.h"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "common/wire.h"
+
+namespace specwire {
+namespace {
+
+v1::WireDType ToProtoDType(DType d) {
+  switch (d) {
+    case DType::kBF16: return v1::WIRE_DTYPE_BF16;
+    case DType::kF32: return v1::WIRE_DTYPE_F32;
+    case DType::kF16: return v1::WIRE_DTYPE_F16;
+  }
+  return v1::WIRE_DTYPE_UNSPECIFIED;
+}
+
+v1::Tap ToProtoTap(StateTap t) {
+  switch (t) {
+    case StateTap::kEmbedding: return v1::TAP_EMBEDDING;
+    case StateTap::kFinalNorm: return v1::TAP_FINAL_NORM;
+    case StateTap::kLayerOutput: return v1::TAP_LAYER_OUTPUT;
+  }
+  return v1::TAP_LAYER_OUTPUT;
+}
+
+std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  const auto left = deadline - std::chrono::system_clock::now();
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+}
+
+// Emits, lazily, the SequenceInfo and HiddenStateChunk messages of a list of host states: one
+// SequenceInfo before the first state of each sequence, then the state's chunks in row order.
+// Holds the states (and so the engine's buffers) until the stream has written them.
+class ChunkProducer {
+ public:
+  ChunkProducer(std::vector<HostState> states, std::vector<std::vector<int64_t>> token_ids,
+                int64_t max_chunk_bytes, ExtractorMetrics* metrics)
+      : states_(std::move(states)),
+        token_ids_(std::move(token_ids)),
+        max_chunk_bytes_(max_chunk_bytes),
+        metrics_(metrics) {}
+
+  // Fills the next message into `info` or `chunk` (exactly one); false when exhausted.
+  bool Next(v1::SequenceInfo* info, v1::HiddenStateChunk* chunk, bool* is_info) {
+    while (state_ < states_.size()) {
+      const HostState& s = states_[state_];
+      if (static_cast<int64_t>(s.sequence_index) != last_sequence_) {
+        last_sequence_ = s.sequence_index;
+        info->set_sequence_index(s.sequence_index);
+        for (int64_t id : token_ids_[s.sequence_index]) info->add_token_ids(static_cast<int32_t>(id));
+        *is_info = true;
+        return true;
+      }
+      if (chunk_ == 0) {
+        plan_ = PlanChunks(s.bytes, s.rows, s.hidden * static_cast<int64_t>(DTypeSize(s.dtype)),
+                           max_chunk_bytes_);
+      }
+      if (chunk_ < plan_.size()) {
+        const ChunkSpan& c = plan_[chunk_++];
+        chunk->set_sequence_index(s.sequence_index);
+        chunk->mutable_state()->set_tap(ToProtoTap(s.tap));
+        chunk->mutable_state()->set_layer_id(s.tap == StateTap::kLayerOutput ? s.layer_id : 0);
+        chunk->set_hf_hidden_states_index(s.hf_index);
+        chunk->set_token_start(static_cast<uint32_t>(c.row_start));
+        chunk->set_token_count(static_cast<uint32_t>(c.row_count));
+        chunk->set_sequence_length(static_cast<uint32_t>(s.rows));
+        chunk->set_hidden_size(static_cast<uint32_t>(s.hidden));
+        chunk->set_dtype(ToProtoDType(s.dtype));
+        chunk->set_data(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
+        chunk->set_crc32c(Crc32c(c.bytes));
+        ++chunks_;
+        bytes_ += static_cast<int64_t>(c.bytes.size());
+        metrics_->BytesStreamed(static_cast<int64_t>(c.bytes.size()));
+        *is_info = false;
+        return true;
+      }
+      // State fully written: release its buffer early.
+      states_[state_].owner.reset();
+      ++state_;
+      chunk_ = 0;
+    }
+    return false;
+  }
+
+  int64_t chunks() const { return chunks_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<HostState> states_;
+  std::vector<std::vector<int64_t>> token_ids_;
+  int64_t max_chunk_bytes_;
+  ExtractorMetrics* metrics_;
+  size_t state_ = 0;
+  size_t chunk_ = 0;
+  std::vector<ChunkSpan> plan_;
+  int64_t last_sequence_ = -1;
+  int64_t chunks_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
+// A server-streaming call: messages come from a queue of producers, filled by the reaction (the
+// contract) and later by the worker thread (results). One write in flight at a time; the stream
+// finishes when the producers are exhausted after Complete(), or at once on Fail().
+template <class Response>
+class StreamReactor : public grpc::ServerWriteReactor<Response> {
+ public:
+  using Producer = std::function<bool(Response*)>;
+
+  StreamReactor(ExtractorService* service, const char* method, bool holds_stream_slot)
+      : service_(service),
+        method_(method),
+        holds_slot_(holds_stream_slot),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void Send(Producer p) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (completed_) return;
+    producers_.push_back(std::move(p));
+    WriteNextLocked();
+  }
+  void Complete() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    completed_ = true;
+    WriteNextLocked();
+  }
+  void Fail(const absl::Status& s) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (finished_) return;
+    producers_.clear();
+    completed_ = true;
+    status_ = ToGrpcStatus(s);
+    if (!writing_) FinishLocked();
+  }
+  void set_job(std::shared_ptr<Job> job) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    job_ = std::move(job);
+    if (cancelled_) job_->cancelled = true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      // The client went away; stop producing.
+      producers_.clear();
+      completed_ = true;
+      if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, "client stopped reading");
+      FinishLocked();
+      return;
+    }
+    WriteNextLocked();
+  }
+  void OnCancel() override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    cancelled_ = true;
+    if (job_) job_->cancelled = true;
+  }
+  void OnDone() override {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const char* code = cancelled_ && status_.ok() ? "CANCELLED" : GrpcCodeName(status_.error_code());
+    service_->metrics_->RequestDone(method_, code, seconds);
+    if (holds_slot_) service_->CloseStream();
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() {
+    if (writing_ || finished_) return;
+    while (!producers_.empty()) {
+      msg_.Clear();
+      if (producers_.front()(&msg_)) {
+        writing_ = true;
+        this->StartWrite(&msg_);
+        return;
+      }
+      producers_.pop_front();
+    }
+    if (completed_) FinishLocked();
+  }
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    this->Finish(status_);
+  }
+
+  ExtractorService* service_;
+  const char* method_;
+  bool holds_slot_;
+  std::chrono::steady_clock::time_point start_;
+  std::recursive_mutex mu_;  // reactions may run inline from StartWrite
+  std::deque<Producer> producers_;
+  Response msg_;
+  bool writing_ = false;
+  bool completed_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  grpc::Status status_;
+  std::shared_ptr<Job> job_;
+};
+
+ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* scheduler,
+                                   const Tokenizer* tokenizer, ExtractorMetrics* metrics,
+                                   ExtractorLimits limits)
+    : backend_(backend),
+      scheduler_(scheduler),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      limits_(limits) {}
+
+void ExtractorService::ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
+  out->set_architecture(c.architecture);
+  out->set_model_type(c.model_type);
+  out->set_source_layout(c.source_layout);
+  out->set_source_architecture(c.source_architecture);
+  out->set_weight_prefix(c.weight_prefix);
+  out->set_tensors_loaded(c.tensors_loaded);
+  out->set_tensors_skipped(c.tensors_skipped);
+  for (const auto& s : c.skipped) {
+    auto* p = out->add_skipped();
+    p->set_prefix(s.prefix);
+    p->set_count(s.count);
+    p->set_reason(s.reason);
+  }
+  out->set_num_layers(static_cast<int32_t>(c.num_layers));
+  out->set_hidden_size(static_cast<int32_t>(c.hidden_size));
+  out->set_vocab_size(static_cast<int32_t>(c.vocab_size));
+  for (const auto& t : c.layer_types) out->add_layer_types(t);
+  out->set_compute_dtype(c.compute_dtype);
+  for (const auto& d : c.devices) out->add_devices(d);
+  out->set_kernel_variant(c.kernel_variant);
+  out->set_weights_digest(c.weights_digest);
+  out->set_tokenizer_digest(c.tokenizer_digest);
+  out->set_specwire_version(c.specwire_version);
+}
+
+bool ExtractorService::TryOpenStream() {
+  if (active_streams_.fetch_add(1) >= limits_.max_concurrent_streams) {
+    active_streams_.fetch_sub(1);
+    return false;
+  }
+  metrics_->StreamOpened();
+  return true;
+}
+
+void ExtractorService::CloseStream() {
+  active_streams_.fetch_sub(1);
+  metrics_->StreamClosed();
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInputs(
+    const google::protobuf::RepeatedPtrField<v1::SequenceInput>& inputs, bool add_special,
+    const char* field) const {
+  if (inputs.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": no sequence given"));
+  if (inputs.size() > limits_.max_sequences_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", inputs.size(),
+                                                   " sequences exceed the limit of ",
+                                                   limits_.max_sequences_per_request,
+                                                   " (--max_sequences_per_request)"));
+  }
+  const int64_t vocab = backend_->vocab_size();
+  std::vector<std::vector<int64_t>> out;
+  int64_t total = 0;
+  for (int i = 0; i < inputs.size(); ++i) {
+    const v1::SequenceInput& in = inputs[i];
+    std::vector<int64_t> ids;
+    if (in.has_tokens()) {
+      const auto& t = in.tokens().ids();
+      for (int j = 0; j < t.size(); ++j) {
+        if (t[j] < 0 || t[j] >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, "[", i, "].tokens.ids[", j, "] = ", t[j],
+                           " is outside the vocabulary [0, ", vocab, ")"));
+        }
+        ids.push_back(t[j]);
+      }
+    } else if (in.input_case() == v1::SequenceInput::kText) {
+      if (tokenizer_ == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, "[", i, "].text: this extractor has no tokenizer (no tokenizer.json); send "
+            "token ids"));
+      }
+      std::lock_guard<std::mutex> lock(tokenizer_mu_);
+      auto enc = tokenizer_->Encode(in.text(), add_special);
+      if (!enc.ok()) return Annotate(enc.status(), absl::StrCat(field, "[", i, "].text"));
+      ids = std::move(*enc);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: neither tokens nor text given"));
+    }
+    if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: empty"));
+    if (static_cast<int64_t>(ids.size()) > limits_.max_tokens_per_sequence) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "]: ", ids.size(), " tokens exceed the limit of ",
+          limits_.max_tokens_per_sequence, " (--max_tokens_per_sequence)"));
+    }
+    total += static_cast<int64_t>(ids.size());
+    out.push_back(std::move(ids));
+  }
+  if (total > limits_.max_tokens_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", total,
+                                                   " tokens in all exceed the limit of ",
+                                                   limits_.max_tokens_per_request,
+                                                   " (--max_tokens_per_request)"));
+  }
+  return out;
+}
+
+absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(const v1::LayerSelection& s) const {
+  StateSelection sel;
+  const int64_t L = backend_->num_layers();
+  for (int i = 0; i < s.layer_ids_size(); ++i) {
+    const int64_t id = s.layer_ids(i);
+    if (id < 0 || id >= L) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers.layer_ids[", i, "] = ", id, " is outside [0, ", L,
+          "): layer k is the output of decoder layer k (HF hidden_states[k+1]); use final_norm "
+          "for HF hidden_states[", L, "] and embedding for hidden_states[0]"));
+    }
+    if (std::find(sel.layer_ids.begin(), sel.layer_ids.end(), id) == sel.layer_ids.end()) {
+      sel.layer_ids.push_back(id);
+    }
+  }
+  sel.embedding = s.embedding();
+  sel.final_norm = s.final_norm();
+  return sel;
+}
+
+absl::StatusOr<DType> ExtractorService::ResolveDType(v1::WireDType d, const char* field) const {
+  switch (d) {
+    case v1::WIRE_DTYPE_UNSPECIFIED:
+    case v1::WIRE_DTYPE_BF16: return DType::kBF16;
+    case v1::WIRE_DTYPE_F32: return DType::kF32;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", static_cast<int>(d), " is not a hidden-state dtype (BF16 or F32)"));
+  }
+}
+
+absl::StatusOr<int64_t> ExtractorService::ResolveChunkBytes(uint32_t requested) const {
+  if (requested == 0) return limits_.default_chunk_bytes;
+  return std::min<int64_t>(requested, limits_.max_chunk_bytes);
+}
+
+grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetModelInfoRequest*,
+                                                         v1::ExtractionContract* response) {
+  ContractToProto(backend_->contract(), response);
+  metrics_->RequestDone("GetModelInfo", "OK", 0);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
+    grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
+  const bool slot = TryOpenStream();
+  auto* r = new StreamReactor<v1::ExtractResponse>(this, "Extract", slot);
+  if (!slot) {
+    r->Fail(absl::ResourceExhaustedError(absl::StrCat(
+        "too many concurrent streams (", limits_.max_concurrent_streams,
+        ", --max_concurrent_streams); retry later")));
+    return r;
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kExtract;
+  absl::Status valid = [&]() -> absl::Status {
+    SW_ASSIGN_OR_RETURN(job->extract.sequences,
+                        ResolveInputs(request->sequences(), request->add_special_tokens(),
+                                      "sequences"));
+    SW_ASSIGN_OR_RETURN(job->extract.selection, ResolveSelection(request->layers()));
+    if (job->extract.selection.empty()) {
+      return absl::InvalidArgumentError(
+          "layers: nothing requested (give layer_ids, embedding or final_norm)");
+    }
+    SW_ASSIGN_OR_RETURN(job->extract.wire_dtype, ResolveDType(request->dtype(), "dtype"));
+    return absl::OkStatus();
+  }();
+  if (!valid.ok()) {
+    r->Fail(valid);
+    return r;
+  }
+  const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
+  v1::ExtractionContract contract;
+  ContractToProto(backend_->contract(), &contract);
+  r->Send([contract, sent = false](v1::ExtractResponse* m) mutable {
+    if (sent) return false;
+    *m->mutable_contract() = contract;
+    return sent = true;
+  });
+
+  job->deadline = SteadyDeadline(ctx);
+  const std::string request_id = request->request_id();
+  int64_t tokens = 0;
+  for (const auto& s : job->extract.sequences) tokens += static_cast<int64_t>(s.size());
+  ExtractorMetrics* metrics = metrics_;
+  std::vector<std::vector<int64_t>> token_ids = job->extract.sequences;
+  job->on_extract_done = [r, metrics, request_id, tokens, chunk_bytes,
+                          token_ids = std::move(token_ids)](absl::StatusOr<ExtractOutput> out,
+                                                            const Job::Timing& timing) mutable {
+    metrics->QueueWait(timing.queue_seconds);
+    if (!out.ok()) {
+      r->Fail(out.status());
+      return;
+    }
+    metrics->Tokens("Extract", tokens);
+    const uint32_t n_seq = static_cast<uint32_t>(token_ids.size());
+    auto producer = std::make_shared<ChunkProducer>(std::move(out->states), std::move(token_ids),
+                                                    chunk_bytes, metrics);
+    r->Send([producer](v1::ExtractResponse* m) {
+      v1::SequenceInfo info;
+      v1::HiddenStateChunk chunk;
+      bool is_info = false;
+      if (!producer->Next(&info, &chunk, &is_info)) return false;
+      if (is_info) {
+        *m->mutable_sequence() = std::move(info);
+      } else {
+        *m->mutable_chunk() = std::move(chunk);  // a swap: the payload is not copied again
+      }
+      return true;
+    });
+    r->Send([producer, request_id, n_seq, tokens, timing, sent = false](
+                v1::ExtractResponse* m) mutable {
+      if (sent) return false;
+      auto* t = m->mutable_trailer();
+      t->set_request_id(request_id);
+      t->set_sequences(n_seq);
+      t->set_tokens(static_cast<uint64_t>(tokens));
+      t->set_chunks(static_cast<uint64_t>(producer->chunks()));
+      t->set_bytes(static_cast<uint64_t>(producer->bytes()));
+      t->set_queue_seconds(timing.queue_seconds);
+      t->set_compute_seconds(timing.compute_seconds);
+      return sent = true;
+    });
+    r->Complete();
+  };
+  r->set_job(job);
+  absl::Status submitted = scheduler_->Submit(job);
+  metrics_->SetQueueDepth(scheduler_->queue_depth());
+  if (!submitted.ok()) r->Fail(submitted);
+  return r;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  const bool slot = TryOpenStream();
+  auto* r = new StreamReactor<v1::GenerateResponse>(this, "Generate", slot);
+  if (!slot) {
+    r->Fail(absl::ResourceExhaustedError(absl::StrCat(
+        "too many concurrent streams (", limits_.max_concurrent_streams,
+        ", --max_concurrent_streams); retry later")));
+    return r;
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kGenerate;
+  GenerateWork& work = job->generate;
+  absl::Status valid = [&]() -> absl::Status {
+    SW_ASSIGN_OR_RETURN(work.prompts, ResolveInputs(request->prompts(),
+                                                    request->add_special_tokens(), "prompts"));
+    if (request->max_new_tokens() == 0) {
+      return absl::InvalidArgumentError("max_new_tokens: must be at least 1");
+    }
+    if (request->max_new_tokens() > limits_.max_new_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_new_tokens: ", request->max_new_tokens(), " exceeds the limit of ",
+          limits_.max_new_tokens, " (--max_new_tokens)"));
+    }
+    work.max_new_tokens = request->max_new_tokens();
+    for (int i = 0; i < request->stop_token_ids_size(); ++i) {
+      const int64_t id = request->stop_token_ids(i);
+      if (id < 0 || id >= backend_->vocab_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", id,
+                                                       " is outside the vocabulary [0, ",
+                                                       backend_->vocab_size(), ")"));
+      }
+      work.stop_token_ids.push_back(id);
+    }
+    work.use_model_eos = !request->ignore_model_eos();
+    SW_ASSIGN_OR_RETURN(work.selection, ResolveSelection(request->layers()));
+    SW_ASSIGN_OR_RETURN(work.wire_dtype, ResolveDType(request->dtype(), "dtype"));
+    return absl::OkStatus();
+  }();
+  if (!valid.ok()) {
+    r->Fail(valid);
+    return r;
+  }
+  const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
+  v1::ExtractionContract contract;
+  ContractToProto(backend_->contract(), &contract);
+  r->Send([contract, sent = false](v1::GenerateResponse* m) mutable {
+    if (sent) return false;
+    *m->mutable_contract() = contract;
+    return sent = true;
+  });
+  job->deadline = SteadyDeadline(ctx);
+  const std::string request_id = request->request_id();
+  ExtractorMetrics* metrics = metrics_;
+  std::vector<std::vector<int64_t>> prompts = work.prompts;
+  job->on_generate_done = [r, metrics, request_id, chunk_bytes, prompts = std::move(prompts)](
+                              absl::StatusOr<GenerateOutput> out, const Job::Timing& timing) {
+    metrics->QueueWait(timing.queue_seconds);
+    if (!out.ok()) {
+      r->Fail(out.status());
+      return;
+    }
+    int64_t tokens = 0;
+    std::vector<std::vector<int64_t>> full;
+    auto completions = std::make_shared<std::vector<v1::Completion>>();
+    for (size_t i = 0; i < out->completions.size(); ++i) {
+      v1::Completion c;
+      c.set_sequence_index(static_cast<uint32_t>(i));
+      for (int64_t t : prompts[i]) c.add_prompt_token_ids(static_cast<int32_t>(t));
+      for (int64_t t : out->completions[i].tokens) c.add_completion_token_ids(static_cast<int32_t>(t));
+      c.set_finish_reason(out->completions[i].finish_reason);
+      completions->push_back(std::move(c));
+      std::vector<int64_t> seq = prompts[i];
+      seq.insert(seq.end(), out->completions[i].tokens.begin(), out->completions[i].tokens.end());
+      tokens += static_cast<int64_t>(seq.size());
+      full.push_back(std::move(seq));
+    }
+    metrics->Tokens("Generate", tokens);
+    r->Send([completions, i = size_t{0}](v1::GenerateResponse* m) mutable {
+      if (i >= completions->size()) return false;
+      *m->mutable_completion() = std::move((*completions)[i++]);
+      return true;
+    });
+    const uint32_t n_seq = static_cast<uint32_t>(full.size());
+    auto producer = std::make_shared<ChunkProducer>(std::move(out->states), std::move(full),
+                                                    chunk_bytes, metrics);
+    r->Send([producer](v1::GenerateResponse* m) {
+      // Generate streams carry completions instead of SequenceInfo: skip those.
+      v1::SequenceInfo info;
+      v1::HiddenStateChunk chunk;
+      bool is_info = true;
+      while (is_info) {
+        info.Clear();
+        if (!producer->Next(&info, &chunk, &is_info)) return false;
+      }
+      *m->mutable_chunk() = std::move(chunk);
+      return true;
+    });
+    r->Send([producer, request_id, n_seq, tokens, timing, sent = false](
+                v1::GenerateResponse* m) mutable {
+      if (sent) return false;
+      auto* t = m->mutable_trailer();
+      t->set_request_id(request_id);
+      t->set_sequences(n_seq);
+      t->set_tokens(static_cast<uint64_t>(tokens));
+      t->set_chunks(static_cast<uint64_t>(producer->chunks()));
+      t->set_bytes(static_cast<uint64_t>(producer->bytes()));
+      t->set_queue_seconds(timing.queue_seconds);
+      t->set_compute_seconds(timing.compute_seconds);
+      return sent = true;
+    });
+    r->Complete();
+  };
+  r->set_job(job);
+  absl::Status submitted = scheduler_->Submit(job);
+  metrics_->SetQueueDepth(scheduler_->queue_depth());
+  if (!submitted.ok()) r->Fail(submitted);
+  return r;
+}
+
+grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  auto* r = ctx->DefaultReactor();
+  absl::Status status = [&]() -> absl::Status {
+    if (tokenizer_ == nullptr) {
+      return absl::FailedPreconditionError("this extractor has no tokenizer (no tokenizer.json)");
+    }
+    std::lock_guard<std::mutex> lock(tokenizer_mu_);
+    for (int i = 0; i < request->texts_size(); ++i) {
+      auto ids = tokenizer_->Encode(request->texts(i), request->add_special_tokens());
+      if (!ids.ok()) return Annotate(ids.status(), absl::StrCat("texts[", i, "]"));
+      auto* out = response->add_sequences();
+      for (int64_t id : *ids) out->add_ids(static_cast<int32_t>(id));
+    }
+    response->set_tokenizer_digest(backend_->contract().tokenizer_digest);
+    return absl::OkStatus();
+  }();
+  metrics_->RequestDone("Tokenize", status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
+  r->Finish(ToGrpcStatus(status));
+  return r;
+}
+
+grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerContext* ctx,
+                                                       const v1::DetokenizeRequest* request,
+                                                       v1::DetokenizeResponse* response) {
+  auto* r = ctx->DefaultReactor();
+  absl::Status status = [&]() -> absl::Status {
+    if (tokenizer_ == nullptr) {
+      return absl::FailedPreconditionError("this extractor has no tokenizer (no tokenizer.json)");
+    }
+    std::lock_guard<std::mutex> lock(tokenizer_mu_);
+    for (int i = 0; i < request->sequences_size(); ++i) {
+      std::vector<int64_t> ids(request->sequences(i).ids().begin(), request->sequences(i).ids().end());
+      auto text = tokenizer_->Decode(ids, request->skip_special_tokens());
+      if (!text.ok()) return Annotate(text.status(), absl::StrCat("sequences[", i, "]"));
+      response->add_texts(*text);
+    }
+    return absl::OkStatus();
+  }();
+  metrics_->RequestDone("Detokenize", status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
+  r->Finish(ToGrpcStatus(status));
+  return r;
+}
+
+grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
+    grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) {
+  const bool slot = TryOpenStream();
+  auto* r = new StreamReactor<v1::TensorChunk>(this, "GetTensors", slot);
+  if (!slot) {
+    r->Fail(absl::ResourceExhaustedError("too many concurrent streams; retry later"));
+    return r;
+  }
+  if (request->names().empty()) {
+    r->Fail(absl::InvalidArgumentError("names: no tensor named"));
+    return r;
+  }
+  auto tensors = std::make_shared<std::vector<TensorBytes>>();
+  for (int i = 0; i < request->names_size(); ++i) {
+    absl::StatusOr<TensorBytes> t;
+    {
+      std::lock_guard<std::mutex> lock(tensors_mu_);
+      t = backend_->GetTensor(request->names(i));
+    }
+    if (!t.ok()) {
+      r->Fail(Annotate(t.status(), absl::StrCat("names[", i, "]")));
+      return r;
+    }
+    tensors->push_back(std::move(*t));
+  }
+  const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
+  ExtractorMetrics* metrics = metrics_;
+  r->Send([tensors, chunk_bytes, metrics, ti = size_t{0}, offset = uint64_t{0}](
+              v1::TensorChunk* m) mutable {
+    while (ti < tensors->size()) {
+      const TensorBytes& t = (*tensors)[ti];
+      if (offset < t.bytes.size() || (offset == 0 && t.bytes.empty())) {
+        const uint64_t n = std::min<uint64_t>(chunk_bytes, t.bytes.size() - offset);
+        auto piece = t.bytes.subspan(offset, n);
+        m->set_name(t.name);
+        for (int64_t d : t.shape) m->add_shape(d);
+        m->set_dtype(ToProtoDType(t.dtype));
+        m->set_offset(offset);
+        m->set_total_bytes(t.bytes.size());
+        m->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
+        m->set_crc32c(Crc32c(piece));
+        m->set_digest(t.digest);
+        metrics->BytesStreamed(static_cast<int64_t>(n));
+        offset += n;
+        if (t.bytes.empty()) offset = 1;  // an empty tensor sends one empty chunk
+        return true;
+      }
+      ++ti;
+      offset = 0;
+    }
+    return false;
+  });
+  r->Complete();
+  return r;
+}
+
+}  // namespace specwire

@@ -1,0 +1,81 @@
+// The Extractor gRPC service (callback API). Reactions validate, enqueue work on the Scheduler and
+// stream results; they never run the engine themselves.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "proto/specwire/v1/extractor.grpc.pb.h"
+#include "services/extractor/metrics.h"
+#include "services/extractor/scheduler.h"
+#include "services/extractor/work.h"
+
+namespace specwire {
+
+class Tokenizer;
+
+// Request limits, from flags (see extractor_main.cc for their documentation).
+struct ExtractorLimits {
+  int64_t max_sequences_per_request = 256;
+  int64_t max_tokens_per_sequence = 32768;
+  int64_t max_tokens_per_request = 262144;
+  int64_t max_new_tokens = 4096;
+  int64_t max_concurrent_streams = 64;
+  int64_t default_chunk_bytes = 1 << 20;
+  int64_t max_chunk_bytes = 4 << 20;
+};
+
+class ExtractorService final : public v1::Extractor::CallbackService {
+ public:
+  // Everything passed in must outlive the service. `tokenizer` may be null (text inputs then get
+  // FAILED_PRECONDITION).
+  ExtractorService(ExtractorBackend* backend, Scheduler* scheduler, const Tokenizer* tokenizer,
+                   ExtractorMetrics* metrics, ExtractorLimits limits);
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ExtractionContract* response) override;
+  grpc::ServerWriteReactor<v1::ExtractResponse>* Extract(
+      grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx,
+                                       const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
+  grpc::ServerWriteReactor<v1::TensorChunk>* GetTensors(
+      grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) override;
+
+  // Plain → proto, shared with tests and clients.
+  static void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out);
+
+  // Streams currently open (for the concurrency limit).
+  int64_t active_streams() const { return active_streams_.load(); }
+
+ private:
+  struct Inputs;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> ResolveInputs(
+      const google::protobuf::RepeatedPtrField<v1::SequenceInput>& inputs, bool add_special,
+      const char* field) const;
+  absl::StatusOr<StateSelection> ResolveSelection(const v1::LayerSelection& s) const;
+  absl::StatusOr<DType> ResolveDType(v1::WireDType d, const char* field) const;
+  absl::StatusOr<int64_t> ResolveChunkBytes(uint32_t requested) const;
+  bool TryOpenStream();
+  void CloseStream();
+
+  template <class Response>
+  friend class StreamReactor;
+
+  ExtractorBackend* backend_;
+  Scheduler* scheduler_;
+  const Tokenizer* tokenizer_;
+  mutable std::mutex tokenizer_mu_;  // the tokenizer's BPE cache is not thread-safe
+  ExtractorMetrics* metrics_;
+  ExtractorLimits limits_;
+  std::atomic<int64_t> active_streams_{0};
+  std::mutex tensors_mu_;  // GetTensors digests are computed lazily by the backend
+};
+
+}  // namespace specwire

@@ -1,0 +1,157 @@
+#include "services/extractor/torch_backend.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/digest.h"
+#include "common/models/torch_util.h"
+#include "common/status.h"
+#include "services/extractor/engine.h"
+
+namespace specwire {
+namespace {
+
+// A host tensor's bytes, kept alive by a shared_ptr that owns the tensor.
+HostState ToHostState(at::Tensor t, uint32_t seq, StateTap tap, int32_t layer_id,
+                      int64_t num_layers) {
+  t = t.contiguous();
+  auto owner = std::make_shared<at::Tensor>(t);
+  HostState s;
+  s.sequence_index = seq;
+  s.tap = tap;
+  s.layer_id = layer_id;
+  s.hf_index = HfHiddenStatesIndex(tap, layer_id, num_layers);
+  s.rows = t.size(0);
+  s.hidden = t.size(1);
+  s.dtype = FromScalarType(t.scalar_type()).value();
+  s.bytes = std::span<const std::byte>(static_cast<const std::byte*>(owner->data_ptr()), owner->nbytes());
+  s.owner = std::move(owner);
+  return s;
+}
+
+CaptureSpec ToCapture(const StateSelection& s) {
+  CaptureSpec c;
+  c.layers = s.layer_ids;
+  c.embedding = s.embedding;
+  c.final_norm = s.final_norm;
+  return c;
+}
+
+// States of one sequence, in a fixed order: embedding, layers ascending, final norm.
+void AppendStates(const SequenceStates& st, const StateSelection& want, uint32_t seq,
+                  int64_t num_layers, at::ScalarType dtype, std::vector<HostState>& out) {
+  if (want.embedding) {
+    out.push_back(ToHostState(st.embedding.to(dtype), seq, StateTap::kEmbedding, 0, num_layers));
+  }
+  std::vector<int64_t> ids = want.layer_ids;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int64_t id : ids) {
+    out.push_back(ToHostState(st.layers.at(id).to(dtype), seq, StateTap::kLayerOutput,
+                              static_cast<int32_t>(id), num_layers));
+  }
+  if (want.final_norm) {
+    out.push_back(ToHostState(st.final_norm.to(dtype), seq, StateTap::kFinalNorm, 0, num_layers));
+  }
+}
+
+class TorchBackend : public ExtractorBackend {
+ public:
+  explicit TorchBackend(std::unique_ptr<ExtractionEngine> engine) : engine_(std::move(engine)) {}
+
+  const ExtractionContract& contract() const override { return engine_->contract(); }
+  int64_t vocab_size() const override { return engine_->config().vocab_size; }
+  int64_t num_layers() const override { return engine_->config().num_layers; }
+
+  absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
+      const std::vector<const ExtractWork*>& works) override {
+    // One padded forward for every sequence of every request, capturing the union of what they
+    // asked for; each request then takes its own states in its own wire dtype.
+    std::vector<std::vector<int64_t>> all;
+    StateSelection united;
+    bool same_dtype = true;
+    for (const ExtractWork* w : works) {
+      all.insert(all.end(), w->sequences.begin(), w->sequences.end());
+      united.layer_ids.insert(united.layer_ids.end(), w->selection.layer_ids.begin(),
+                              w->selection.layer_ids.end());
+      united.embedding |= w->selection.embedding;
+      united.final_norm |= w->selection.final_norm;
+      same_dtype &= w->wire_dtype == works.front()->wire_dtype;
+    }
+    std::sort(united.layer_ids.begin(), united.layer_ids.end());
+    united.layer_ids.erase(std::unique(united.layer_ids.begin(), united.layer_ids.end()),
+                           united.layer_ids.end());
+    const at::ScalarType out_dtype =
+        same_dtype ? ToScalarType(works.front()->wire_dtype) : at::kFloat;
+    SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
+                        engine_->Extract(all, ToCapture(united), out_dtype));
+    std::vector<ExtractOutput> outputs(works.size());
+    absl::Status status = RunGuarded("extract", [&]() -> absl::Status {
+      size_t next = 0;
+      for (size_t w = 0; w < works.size(); ++w) {
+        const at::ScalarType dtype = ToScalarType(works[w]->wire_dtype);
+        for (size_t i = 0; i < works[w]->sequences.size(); ++i) {
+          AppendStates(states[next++], works[w]->selection, static_cast<uint32_t>(i), num_layers(),
+                       dtype, outputs[w].states);
+        }
+      }
+      return absl::OkStatus();
+    });
+    SW_RETURN_IF_ERROR(status);
+    return outputs;
+  }
+
+  absl::StatusOr<GenerateOutput> Generate(const GenerateWork& work,
+                                          const std::function<bool()>& cancelled) override {
+    GenerateOutput out;
+    GenerateOptions opts;
+    opts.max_new_tokens = work.max_new_tokens;
+    opts.stop_token_ids = work.stop_token_ids;
+    opts.use_config_eos = work.use_model_eos;
+    std::vector<std::vector<int64_t>> full;
+    for (const auto& prompt : work.prompts) {
+      if (cancelled()) return absl::CancelledError("request cancelled");
+      SW_ASSIGN_OR_RETURN(GenerateResult r,
+                          engine_->Generate(prompt, opts, [&](int64_t) { return !cancelled(); }));
+      if (r.finish_reason == "cancelled") return absl::CancelledError("request cancelled");
+      std::vector<int64_t> seq = prompt;
+      seq.insert(seq.end(), r.tokens.begin(), r.tokens.end());
+      full.push_back(std::move(seq));
+      out.completions.push_back({std::move(r.tokens), std::move(r.finish_reason)});
+    }
+    if (work.selection.empty()) return out;
+    // Features of prompt + completion in one forward pass over each full sequence — the same
+    // values a training pipeline gets from Extract on those tokens.
+    ExtractWork ew;
+    ew.sequences = std::move(full);
+    ew.selection = work.selection;
+    ew.wire_dtype = work.wire_dtype;
+    SW_ASSIGN_OR_RETURN(auto outputs, ExtractBatch({&ew}));
+    out.states = std::move(outputs[0].states);
+    return out;
+  }
+
+  absl::StatusOr<TensorBytes> GetTensor(const std::string& name) override {
+    return engine_->StoredTensor(name);
+  }
+
+ private:
+  std::unique_ptr<ExtractionEngine> engine_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const BackendOptions& options) {
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  LoadOptions load;
+  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(options.dtype));
+  load.device_map = options.device_map;
+  SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(options.model_dir, load));
+  return std::unique_ptr<ExtractorBackend>(new TorchBackend(std::move(engine)));
+}
+
+}  // namespace specwire

@@ -1,0 +1,22 @@
+// The libtorch implementation of ExtractorBackend: an ExtractionEngine behind the plain types of
+// work.h, so rpc code never sees torch.
+#pragma once
+
+#include <memory>
+
+#include "services/extractor/work.h"
+
+namespace specwire {
+
+class ExtractionEngine;
+
+struct BackendOptions {
+  std::string model_dir;
+  std::string dtype = "float32";  // compute dtype
+  std::string device_map = "cpu";
+  int threads = 0;  // intra-op CPU threads; 0: torch's default
+};
+
+absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const BackendOptions& options);
+
+}  // namespace specwire
