@@ -371,6 +371,20 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::
   }
 }
 
+absl::Status ApplyGenerationConfig(absl::string_view json_text, ModelConfig& c,
+                                   absl::string_view source) {
+  json root = json::parse(json_text.begin(), json_text.end(), nullptr, false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  Keys k(root, source);
+  if (!k.Has("eos_token_id")) return absl::OkStatus();
+  ModelConfig tmp;
+  SW_RETURN_IF_ERROR(ParseEos(k, root, tmp));
+  c.eos_token_ids = tmp.eos_token_ids;
+  return absl::OkStatus();
+}
+
 std::string ModelConfigToJson(const ModelConfig& c) {
   json t;
   t["model_type"] = c.model_type;

@@ -92,6 +92,11 @@ struct ModelConfig {
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              absl::string_view source = "config.json");
 
+// Applies generation_config.json: its eos_token_id (an id or a list) replaces config.json's, as
+// transformers' generate() uses the generation config. Absent keys leave `c` unchanged.
+absl::Status ApplyGenerationConfig(absl::string_view json_text, ModelConfig& c,
+                                   absl::string_view source = "generation_config.json");
+
 // Writes the config back in transformers' format; ParseModelConfig(ModelConfigToJson(c)) == c.
 std::string ModelConfigToJson(const ModelConfig& c);
 

@@ -16,6 +16,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -46,10 +47,11 @@ Flags:
   --embedding          also capture the embedding output (HF hidden_states[0])
   --final-norm         also capture the final-norm output (HF hidden_states[num_layers])
   --out FILE           output safetensors file (extract)
-  --out-dtype D        dtype of the written states: float32 | bfloat16           [float32]
+  --out-dtype D        dtype of the written states: float32 | bfloat16 | float16 [float32]
   --max-new-tokens N   generate: tokens to generate at most                      [32]
   --stop IDS           generate: extra stop token ids
-  --no-config-eos      generate: do not stop at config.json's eos_token_id
+  --no-config-eos      generate: do not stop at the model's eos_token_id (from
+                       generation_config.json when present, else config.json)
   --threads N          intra-op CPU threads                                      [torch default]
 )";
 
@@ -81,9 +83,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
 
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
   std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t v;
-    if (!absl::SimpleAtoi(part, &v)) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v)) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
     }
     ids.push_back(v);
@@ -111,7 +113,11 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences(const Flags& f) 
       seqs.push_back(std::move(ids));
     }
   } else if (f.count("tokens")) {
-    for (absl::string_view s : absl::StrSplit(f.at("tokens"), ';', absl::SkipWhitespace())) {
+    for (absl::string_view s : absl::StrSplit(f.at("tokens"), ';')) {
+      if (absl::StripAsciiWhitespace(s).empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tokens: sequence ", seqs.size(), " is empty"));
+      }
       SW_ASSIGN_OR_RETURN(auto ids, ParseIds(s, "tokens"));
       seqs.push_back(std::move(ids));
     }

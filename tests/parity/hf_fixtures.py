@@ -5,6 +5,7 @@ fixture is built and evaluated by transformers itself (AutoModelForCausalLM, sdp
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -80,11 +81,16 @@ def make_checkpoint(name: str, out_dir: Path, seed: int = 0, overrides: dict | N
     return path
 
 
-def hf_hidden_states(path: Path, sequences: list[list[int]], dtype: torch.dtype) -> list[tuple]:
-    """transformers' output_hidden_states for each sequence (run one by one, no padding)."""
+def load_hf_model(path: Path, dtype: torch.dtype) -> transformers.PreTrainedModel:
+    """The oracle model: AutoModelForCausalLM with sdpa attention, in eval mode."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                               attn_implementation="sdpa")
-    model.eval()
+    return model.eval()
+
+
+def hf_hidden_states(path: Path, sequences: list[list[int]], dtype: torch.dtype) -> list[tuple]:
+    """transformers' output_hidden_states for each sequence (run one by one, no padding)."""
+    model = load_hf_model(path, dtype)
     out = []
     with torch.no_grad():
         for seq in sequences:
@@ -94,15 +100,64 @@ def hf_hidden_states(path: Path, sequences: list[list[int]], dtype: torch.dtype)
     return out
 
 
-def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int, eos: list[int] | None) -> list[int]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                              attn_implementation="sdpa")
-    model.eval()
-    ids = torch.tensor([prompt], dtype=torch.long)
-    with torch.no_grad():
-        gen = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones_like(ids))
+def hf_taps(model: transformers.PreTrainedModel,
+            sequences: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+    """Reference values of every tap, named as specwire-extract names them (without "seq.i.").
+
+    embedding = hidden_states[0]; layer.k = hidden_states[k + 1] for k < L - 1; final_norm =
+    hidden_states[L]. transformers replaces the last decoder layer's raw output with the final-norm
+    output in hidden_states, so layer.{L-1} is taken from the input of model.model.norm (a forward
+    pre-hook); we also check that norm(that input) is hidden_states[L], which pins the convention.
+    """
+    num_layers = model.config.num_hidden_layers
+    norm_inputs: list[torch.Tensor] = []
+    hook = model.model.norm.register_forward_pre_hook(
+        lambda _mod, args: norm_inputs.append(args[0].detach()))
+    out = []
+    try:
+        with torch.no_grad():
+            for seq in sequences:
+                norm_inputs.clear()
+                ids = torch.tensor([seq], dtype=torch.long)
+                hs = model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+                assert len(hs) == num_layers + 1 and len(norm_inputs) == 1
+                last_raw = norm_inputs[0]
+                if not torch.equal(model.model.norm(last_raw), hs[num_layers]):
+                    raise AssertionError(
+                        "transformers' hidden_states[L] is not norm(layer L-1 output)")
+                taps = {"embedding": hs[0][0].float()}
+                for k in range(num_layers - 1):
+                    taps[f"layer.{k}"] = hs[k + 1][0].float()
+                taps[f"layer.{num_layers - 1}"] = last_raw[0].float()
+                taps["final_norm"] = hs[num_layers][0].float()
+                out.append(taps)
+    finally:
+        hook.remove()
+    return out
+
+
+def greedy(model: transformers.PreTrainedModel, prompt: list[int], max_new_tokens: int,
+           eos: list[int] | None) -> list[int]:
+    """model.generate(do_sample=False) continuation of prompt. eos=None means no stop token at
+    all (generation_config.json's eos_token_id is ignored too); HF keeps the stop token."""
+    # generate() fills fields left at their default (eos_token_id=None) from the model's own
+    # generation_config, so "no eos" has to be set there, for the duration of the call.
+    saved_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = eos
+    try:
+        gen_config = copy.deepcopy(model.generation_config)
+        gen_config.update(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with torch.no_grad():
+            gen = model.generate(ids, generation_config=gen_config,
+                                 attention_mask=torch.ones_like(ids))
+    finally:
+        model.generation_config.eos_token_id = saved_eos
     return gen[0, len(prompt):].tolist()
+
+
+def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int, eos: list[int] | None) -> list[int]:
+    return greedy(load_hf_model(path, torch.float32), prompt, max_new_tokens, eos)
 
 
 def run_extract(args: list[str], check: bool = True) -> subprocess.CompletedProcess:

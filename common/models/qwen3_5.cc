@@ -1,0 +1,401 @@
+#include "common/models/qwen3_5.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/models/attention.h"
+
+namespace specwire {
+namespace {
+
+// transformers' l2norm (the FLA convention): x * rsqrt(Σx² + eps), not x / max(‖x‖, eps).
+at::Tensor L2Norm(const at::Tensor& x) {
+  return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6);
+}
+
+// The prologue both delta-rule kernels share: grouped value attention (key heads repeated to the
+// value heads), heads-major fp32 layout, L2-normalised q and k. q is not yet scaled (the two
+// reference kernels scale it differently: chunked multiplies by dk^-1/2, recurrent divides by
+// dk^1/2, and the roundings differ).
+struct DeltaRuleInputs {
+  at::Tensor q, k, v;  // [B, nv, T, dk|dv] fp32
+  at::Tensor g, beta;  // [B, nv, T] fp32
+};
+DeltaRuleInputs DeltaRulePrologue(at::Tensor q, at::Tensor k, const at::Tensor& v,
+                                  const at::Tensor& g, const at::Tensor& beta) {
+  const int64_t nk = k.size(2), nv = v.size(2);
+  TORCH_CHECK(nv % nk == 0, "value heads ", nv, " are not a multiple of key heads ", nk);
+  if (nk != nv) {
+    q = q.repeat_interleave(nv / nk, 2);  // value head j reads key head j / (nv / nk)
+    k = k.repeat_interleave(nv / nk, 2);
+  }
+  auto heads_major = [](const at::Tensor& x) {
+    return x.transpose(1, 2).to(at::kFloat).contiguous();
+  };
+  return {L2Norm(heads_major(q)), L2Norm(heads_major(k)), heads_major(v), heads_major(g),
+          heads_major(beta)};
+}
+
+// Causal depthwise conv1d + silu, exactly as transformers' torch fallbacks (causal_conv1d_fn for
+// a fresh prompt, causal_conv1d_update / the cached-prefill path otherwise).
+//   x: [B, C, T]; w: [C, 1, K]; prev: [B, C, K-1] (the inputs before x) or undefined (zeros).
+at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& prev) {
+  const int64_t C = x.size(1), T = x.size(2), K = w.size(2);
+  at::Tensor y;
+  if (!prev.defined()) {
+    // causal_conv1d_fn: left-pad K-1 zeros (conv1d pads both sides; the right tail is dropped).
+    y = at::conv1d(x.to(w.scalar_type()), w, /*bias=*/std::nullopt, /*stride=*/at::IntArrayRef{1},
+                   /*padding=*/at::IntArrayRef{K - 1}, /*dilation=*/at::IntArrayRef{1},
+                   /*groups=*/C)
+            .narrow(2, 0, T);
+  } else {
+    // The cached inputs supply the left context; every output is a real position.
+    y = at::conv1d(at::cat({prev, x}, 2).to(w.scalar_type()), w, std::nullopt, at::IntArrayRef{1},
+                   at::IntArrayRef{0}, at::IntArrayRef{1}, C);
+  }
+  return at::silu(y).to(x.scalar_type());
+}
+
+// Qwen3_5RMSNormGated: plain-w RMSNorm over dv, then × silu(z). Rounded like transformers: the
+// normed value is cast to the compute dtype before × w, the gate product is taken in fp32 and
+// cast once at the end.   x, z: [N, dv]; w: [dv]
+at::Tensor GatedRmsNorm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& w, double eps) {
+  const at::ScalarType in_dtype = x.scalar_type();
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  at::Tensor scaled = w * normed.to(in_dtype);
+  return (scaled * at::silu(z.to(at::kFloat))).to(in_dtype);
+}
+
+// Chunks processed together in the intra-chunk phase of the chunked kernel: bounds its
+// [.., chunks, C, C] temporaries (16 × 64 × 64 fp32 = 256 KiB per head and row).
+constexpr int64_t kChunksPerBlock = 16;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Delta-rule kernels
+
+DeltaRuleResult GatedDeltaRuleChunked(const at::Tensor& q_in, const at::Tensor& k_in,
+                                      const at::Tensor& v_in, const at::Tensor& g_in,
+                                      const at::Tensor& beta_in, const at::Tensor& initial_state,
+                                      int64_t C) {
+  const at::ScalarType out_dtype = q_in.scalar_type();
+  const int64_t B = v_in.size(0), T = v_in.size(1), H = v_in.size(2), dk = k_in.size(3),
+                dv = v_in.size(3);
+  auto [q, k, v, g, beta] = DeltaRulePrologue(q_in, k_in, v_in, g_in, beta_in);
+  q = q * std::pow(static_cast<double>(dk), -0.5);  // [B, H, T, dk]
+
+  // Zero-pad T to a multiple of C. A padded tail only follows real tokens, so it cannot reach
+  // them (and with k = 0 it leaves the state untouched).
+  const int64_t pad = (C - T % C) % C;
+  const int64_t N = (T + pad) / C;  // chunks
+  if (pad > 0) {
+    q = at::constant_pad_nd(q, {0, 0, 0, pad});
+    k = at::constant_pad_nd(k, {0, 0, 0, pad});
+    v = at::constant_pad_nd(v, {0, 0, 0, pad});
+    beta = at::constant_pad_nd(beta, {0, pad});
+    g = at::constant_pad_nd(g, {0, pad});
+  }
+  // β is the per-token write strength of the delta rule.
+  at::Tensor v_beta = (v * beta.unsqueeze(-1)).view({B, H, N, C, dv});
+  at::Tensor k_beta = (k * beta.unsqueeze(-1)).view({B, H, N, C, dk});
+  q = q.view({B, H, N, C, dk});
+  k = k.view({B, H, N, C, dk});
+  g = g.view({B, H, N, C});
+
+  const auto opts = v.options();
+  at::Tensor strictly_upper =
+      at::ones({C, C}, opts.dtype(at::kBool)).triu(1);  // what a position may not see
+  at::Tensor S = initial_state.defined() ? initial_state.to(opts)
+                                         : at::zeros({B, H, dk, dv}, opts);  // [B, H, dk, dv]
+  at::Tensor out = at::empty({B, H, N * C, dv}, opts);
+
+  for (int64_t n0 = 0; n0 < N; n0 += kChunksPerBlock) {
+    const int64_t nb = std::min(kChunksPerBlock, N - n0);
+    at::Tensor qc = q.narrow(2, n0, nb), kc = k.narrow(2, n0, nb);  // [B, H, nb, C, dk]
+    at::Tensor kbc = k_beta.narrow(2, n0, nb), vbc = v_beta.narrow(2, n0, nb);
+
+    // --- intra-chunk phase (all chunks of the block at once) ---
+    at::Tensor G = g.narrow(2, n0, nb).cumsum(-1);  // [B, H, nb, C] log decay since chunk start
+    // D[i, j] = exp(G_i − G_j) for j <= i, 0 above the diagonal (masked to −inf before exp).
+    at::Tensor D = (G.unsqueeze(-1) - G.unsqueeze(-2))
+                       .masked_fill(strictly_upper, -std::numeric_limits<float>::infinity())
+                       .exp();                                  // [B, H, nb, C, C]
+    at::Tensor A = at::matmul(kbc, kc.transpose(-1, -2)) * D;   // the UT system, unit-lower
+    at::Tensor Aqk = at::matmul(qc, kc.transpose(-1, -2)) * D;  // intra-chunk attention
+    at::Tensor kb_decayed = kbc * G.exp().unsqueeze(-1);        // [B, H, nb, C, dk]
+    // (I + strictly_lower(A)) U = β v and W likewise for the decayed keys: the chunk's delta-rule
+    // updates in closed form. Same solver as the reference (not forward substitution).
+    at::Tensor U = at::linalg_solve_triangular(A, vbc, /*upper=*/false, /*left=*/true,
+                                               /*unitriangular=*/true);  // [B, H, nb, C, dv]
+    at::Tensor W = at::linalg_solve_triangular(A, kb_decayed, false, true, true);  // [.., C, dk]
+    at::Tensor q_decayed = qc * G.exp().unsqueeze(-1);                             // reads S
+    at::Tensor k_decayed = kc * (G.narrow(-1, C - 1, 1) - G).exp().unsqueeze(-1);  // writes S
+    at::Tensor chunk_decay =
+        G.select(-1, C - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [.., nb, 1, 1]
+
+    // --- inter-chunk phase: the state is carried chunk to chunk ---
+    for (int64_t i = 0; i < nb; ++i) {
+      at::Tensor v_new = U.select(2, i) - at::matmul(W.select(2, i), S);  // [B, H, C, dv]
+      at::Tensor inter = at::matmul(q_decayed.select(2, i), S);
+      out.narrow(2, (n0 + i) * C, C).copy_(inter + at::matmul(Aqk.select(2, i), v_new));
+      S = S * chunk_decay.select(2, i) +
+          at::matmul(k_decayed.select(2, i).transpose(-1, -2), v_new);
+    }
+  }
+  // [B, H, T, dv] -> [B, T, H, dv]
+  at::Tensor o = out.narrow(2, 0, T).transpose(1, 2).to(out_dtype).contiguous();
+  return {o, S};
+}
+
+DeltaRuleResult GatedDeltaRuleRecurrent(const at::Tensor& q_in, const at::Tensor& k_in,
+                                        const at::Tensor& v_in, const at::Tensor& g_in,
+                                        const at::Tensor& beta_in,
+                                        const at::Tensor& initial_state) {
+  const at::ScalarType out_dtype = q_in.scalar_type();
+  const int64_t B = v_in.size(0), T = v_in.size(1), H = v_in.size(2), dk = k_in.size(3),
+                dv = v_in.size(3);
+  auto [q, k, v, g, beta] = DeltaRulePrologue(q_in, k_in, v_in, g_in, beta_in);
+  q = q / std::pow(static_cast<double>(dk), 0.5);  // the reference divides here
+
+  at::Tensor S = initial_state.defined() ? initial_state.to(v.options())
+                                         : at::zeros({B, H, dk, dv}, v.options());
+  at::Tensor out = at::empty({B, H, T, dv}, v.options());
+  for (int64_t t = 0; t < T; ++t) {
+    at::Tensor q_t = q.select(2, t), k_t = k.select(2, t), v_t = v.select(2, t);  // [B, H, d]
+    S = S * g.select(2, t).exp().unsqueeze(-1).unsqueeze(-1);
+    // Element-wise products and sums (not matmul) as in the reference, for the same rounding.
+    at::Tensor kv_mem = (S * k_t.unsqueeze(-1)).sum(-2);  // Sᵀk [B, H, dv]
+    at::Tensor delta = (v_t - kv_mem) * beta.select(2, t).unsqueeze(-1);
+    S = S + k_t.unsqueeze(-1) * delta.unsqueeze(-2);          // S += k ⊗ δ
+    out.select(2, t).copy_((S * q_t.unsqueeze(-1)).sum(-2));  // Sᵀq
+  }
+  return {out.transpose(1, 2).contiguous().to(out_dtype), S};
+}
+
+GatedDeltaNetCache::GatedDeltaNetCache(int64_t batch, int64_t conv_dim, int64_t conv_kernel,
+                                       int64_t num_v_heads, int64_t k_head_dim, int64_t v_head_dim,
+                                       at::ScalarType dtype, const at::Device& device) {
+  auto opts = at::TensorOptions().device(device);
+  conv_state = at::zeros({batch, conv_dim, conv_kernel - 1}, opts.dtype(dtype));
+  recurrent_state = at::zeros({batch, num_v_heads, k_head_dim, v_head_dim}, opts.dtype(at::kFloat));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared layer structure
+
+Qwen3_5DecoderLayer::Qwen3_5DecoderLayer(const ModelConfig& c, at::ScalarType dtype)
+    : hidden_(c.hidden_size),
+      eps_(c.rms_norm_eps),
+      dtype_(dtype),
+      intermediate_(c.intermediate_size) {}
+
+// Every weight, the GDN's A_log, dt_bias and norm included, is loaded in the compute dtype:
+// transformers 5.23 declares no _keep_in_fp32_modules for Qwen3.5, so from_pretrained(dtype=bf16)
+// casts them all to bf16 (and g is computed from bf16(A_log).float()).
+void Qwen3_5DecoderLayer::ForEachWeight(const WeightVisitor& visit) {
+  visit({"input_layernorm.weight", {hidden_}, &input_norm_});
+  ForEachMixerWeight(visit);
+  visit({"post_attention_layernorm.weight", {hidden_}, &post_norm_});
+  visit({"mlp.gate_proj.weight", {intermediate_, hidden_}, &gate_w_});
+  visit({"mlp.up_proj.weight", {intermediate_, hidden_}, &up_w_});
+  visit({"mlp.down_proj.weight", {hidden_, intermediate_}, &down_w_});
+}
+
+void Qwen3_5DecoderLayer::Prepare(const at::Device& device) {
+  device_ = device;
+  for (at::Tensor* t : {&input_norm_, &post_norm_, &gate_w_, &up_w_, &down_w_}) {
+    *t = t->to(device, dtype_).contiguous();
+  }
+  PrepareMixer();
+}
+
+at::Tensor Qwen3_5DecoderLayer::Forward(const at::Tensor& h, const ForwardContext& ctx,
+                                        LayerCache* cache) {
+  // --- token mixer block ---
+  at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kOnePlusWeight);  // [B, T, H]
+  at::Tensor out = h + Mix(n, ctx, cache);  // a new tensor: `h` may be a captured state
+
+  // --- MLP block ---
+  at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kOnePlusWeight);
+  at::Tensor act = at::silu(at::linear(m, gate_w_)) * at::linear(m, up_w_);  // [B, T, I]
+  out.add_(at::linear(act, down_w_));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated full attention
+
+GatedAttentionLayer::GatedAttentionLayer(const ModelConfig& c,
+                                         std::shared_ptr<const RotaryEmbedding> rope,
+                                         at::ScalarType dtype)
+    : Qwen3_5DecoderLayer(c, dtype),
+      heads_(c.num_heads),
+      kv_heads_(c.num_kv_heads),
+      head_dim_(c.head_dim),
+      bias_(c.attention_bias),
+      rope_(std::move(rope)) {}
+
+void GatedAttentionLayer::ForEachMixerWeight(const WeightVisitor& visit) {
+  const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+  visit({"self_attn.q_proj.weight", {2 * q_out, hidden_}, &q_w_});  // [query | gate] per head
+  visit({"self_attn.k_proj.weight", {kv_out, hidden_}, &k_w_});
+  visit({"self_attn.v_proj.weight", {kv_out, hidden_}, &v_w_});
+  visit({"self_attn.o_proj.weight", {hidden_, q_out}, &o_w_});
+  if (bias_) {
+    visit({"self_attn.q_proj.bias", {2 * q_out}, &q_b_});
+    visit({"self_attn.k_proj.bias", {kv_out}, &k_b_});
+    visit({"self_attn.v_proj.bias", {kv_out}, &v_b_});
+    visit({"self_attn.o_proj.bias", {hidden_}, &o_b_});
+  }
+  visit({"self_attn.q_norm.weight", {head_dim_}, &q_norm_});
+  visit({"self_attn.k_norm.weight", {head_dim_}, &k_norm_});
+}
+
+void GatedAttentionLayer::PrepareMixer() {
+  for (at::Tensor* t :
+       {&q_w_, &q_b_, &k_w_, &k_b_, &v_w_, &v_b_, &o_w_, &o_b_, &q_norm_, &k_norm_}) {
+    if (t->defined()) *t = t->to(device_, dtype_).contiguous();
+  }
+}
+
+std::unique_ptr<LayerCache> GatedAttentionLayer::NewCache(int64_t batch, int64_t capacity) const {
+  return std::make_unique<KvCache>(batch, kv_heads_, capacity, head_dim_, dtype_, device_);
+}
+
+at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
+                                    LayerCache* cache) {
+  const int64_t B = n.size(0), T = n.size(1), D = head_dim_;
+  const int64_t q_out = heads_ * D;
+  // q_proj rows are interleaved per head: head h owns [h·2D, h·2D + D) query, then D gate rows.
+  at::Tensor qg = at::linear(n, q_w_, q_b_).view({B, T, heads_, 2 * D});
+  at::Tensor q = qg.narrow(-1, 0, D);                                   // [B, T, Hq, D]
+  at::Tensor gate = qg.narrow(-1, D, D).reshape({B, T, q_out});         // [B, T, Hq·D]
+  at::Tensor k = at::linear(n, k_w_, k_b_).view({B, T, kv_heads_, D});  // [B, T, Hkv, D]
+  at::Tensor v = at::linear(n, v_w_, v_b_).view({B, T, kv_heads_, D});
+
+  q = RmsNorm(q, q_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hq, T, D]
+  k = RmsNorm(k, k_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hkv, T, D]
+  v = v.transpose(1, 2);                                                    // [B, Hkv, T, D]
+
+  // Partial rotary: only the first rotary_dim = head_dim · partial_rotary_factor dims turn.
+  // Qwen3.5 declares interleaved mRoPE (sections T/H/W over the frequencies), but for text every
+  // token's T, H and W positions are the same arange, so each frequency sees the same position
+  // and mRoPE is exactly 1-D RoPE; transformers' text model builds those identical rows too.
+  const auto& [cos, sin] = ctx.Rotary(*rope_, device_);
+  q = RotaryEmbedding::Apply(q, cos, sin);
+  k = RotaryEmbedding::Apply(k, cos, sin);
+  at::Tensor attn =
+      CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), /*sliding_window=*/0,
+                      1.0 / std::sqrt(static_cast<double>(D)));  // [B, T, Hq·D]
+  attn = attn * at::sigmoid(gate);  // output gate, in the compute dtype
+  return at::linear(attn, o_w_, o_b_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet
+
+GatedDeltaNetLayer::GatedDeltaNetLayer(const ModelConfig& c, at::ScalarType dtype)
+    : Qwen3_5DecoderLayer(c, dtype),
+      nk_(c.linear_num_key_heads),
+      nv_(c.linear_num_value_heads),
+      dk_(c.linear_key_head_dim),
+      dv_(c.linear_value_head_dim),
+      conv_kernel_(c.linear_conv_kernel_dim),
+      key_dim_(nk_ * dk_),
+      value_dim_(nv_ * dv_),
+      conv_dim_(2 * key_dim_ + value_dim_) {}
+
+void GatedDeltaNetLayer::ForEachMixerWeight(const WeightVisitor& visit) {
+  visit({"linear_attn.in_proj_qkv.weight", {conv_dim_, hidden_}, &in_qkv_w_});
+  visit({"linear_attn.in_proj_z.weight", {value_dim_, hidden_}, &in_z_w_});
+  visit({"linear_attn.in_proj_b.weight", {nv_, hidden_}, &in_b_w_});
+  visit({"linear_attn.in_proj_a.weight", {nv_, hidden_}, &in_a_w_});
+  visit({"linear_attn.conv1d.weight", {conv_dim_, 1, conv_kernel_}, &conv_w_});
+  visit({"linear_attn.dt_bias", {nv_}, &dt_bias_});
+  visit({"linear_attn.A_log", {nv_}, &a_log_});
+  visit({"linear_attn.norm.weight", {dv_}, &norm_w_});
+  visit({"linear_attn.out_proj.weight", {hidden_, value_dim_}, &out_w_});
+}
+
+void GatedDeltaNetLayer::PrepareMixer() {
+  for (at::Tensor* t : {&in_qkv_w_, &in_z_w_, &in_b_w_, &in_a_w_, &conv_w_, &dt_bias_, &a_log_,
+                        &norm_w_, &out_w_}) {
+    *t = t->to(device_, dtype_).contiguous();
+  }
+}
+
+std::unique_ptr<LayerCache> GatedDeltaNetLayer::NewCache(int64_t batch, int64_t capacity) const {
+  return std::make_unique<GatedDeltaNetCache>(batch, conv_dim_, conv_kernel_, nv_, dk_, dv_, dtype_,
+                                              device_);
+}
+
+at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
+                                   LayerCache* layer_cache) {
+  const int64_t B = n.size(0), T = n.size(1);
+  auto* cache = static_cast<GatedDeltaNetCache*>(layer_cache);
+  const bool continues = ctx.past_len > 0;  // the cache holds the state after earlier tokens
+  TORCH_CHECK(!continues || cache != nullptr, "a forward with past tokens needs a cache");
+
+  at::Tensor mixed = at::linear(n, in_qkv_w_).transpose(1, 2);   // [B, conv_dim, T]
+  at::Tensor z = at::linear(n, in_z_w_).view({B, T, nv_, dv_});  // output gate
+  at::Tensor b = at::linear(n, in_b_w_);                         // [B, T, nv]
+  at::Tensor a = at::linear(n, in_a_w_);                         // [B, T, nv]
+
+  // Short causal conv over the concatenated [q | k | v] channels, before the split.
+  at::Tensor conv = CausalConv1dSilu(mixed, conv_w_, continues ? cache->conv_state : at::Tensor());
+  if (cache != nullptr) {
+    const int64_t keep = conv_kernel_ - 1;
+    at::Tensor history = continues ? at::cat({cache->conv_state, mixed}, 2)
+                                   : at::constant_pad_nd(mixed, {keep, 0});  // [B, C, keep + T]
+    cache->conv_state.copy_(history.narrow(2, history.size(2) - keep, keep));
+  }
+  conv = conv.transpose(1, 2);  // [B, T, conv_dim]
+  at::Tensor q = conv.narrow(-1, 0, key_dim_).reshape({B, T, nk_, dk_});
+  at::Tensor k = conv.narrow(-1, key_dim_, key_dim_).reshape({B, T, nk_, dk_});
+  at::Tensor v = conv.narrow(-1, 2 * key_dim_, value_dim_).reshape({B, T, nv_, dv_});
+
+  at::Tensor beta = at::sigmoid(b);  // write strength, compute dtype
+  // Log decay in fp32: g = −exp(A_log) · softplus(a + dt_bias)  (dt_bias promoted to fp32).
+  at::Tensor g = -a_log_.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias_);
+
+  at::Tensor initial = continues ? cache->recurrent_state : at::Tensor();
+  // transformers: the recurrent kernel only for one-token steps on an existing state; prompts
+  // (and chunked prefill continuing a state) use the chunked kernel.
+  DeltaRuleResult r = continues && T == 1
+                          ? GatedDeltaRuleRecurrent(q, k, v, g, beta, initial)
+                          : GatedDeltaRuleChunked(q, k, v, g, beta, initial, /*chunk_size=*/64);
+  if (cache != nullptr) cache->recurrent_state.copy_(r.final_state);
+
+  at::Tensor o = GatedRmsNorm(r.out.reshape({-1, dv_}), z.reshape({-1, dv_}), norm_w_, eps_);
+  return at::linear(o.reshape({B, T, value_dim_}), out_w_);  // [B, T, hidden]
+}
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfig& config,
+                                                                at::ScalarType dtype) {
+  auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
+  std::vector<std::unique_ptr<DecoderLayer>> layers;
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    switch (config.layer_types[i]) {
+      case LayerType::kLinearAttention:
+        layers.push_back(std::make_unique<GatedDeltaNetLayer>(config, dtype));
+        break;
+      case LayerType::kFullAttention:
+        layers.push_back(std::make_unique<GatedAttentionLayer>(config, rope, dtype));
+        break;
+      case LayerType::kSlidingAttention:
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer_types[", i, "] is sliding_attention, which ", config.architecture,
+                         " does not have (linear_attention or full_attention)"));
+    }
+  }
+  return std::make_unique<DecoderModel>(config, dtype, NormKind::kOnePlusWeight, std::move(layers));
+}
+
+}  // namespace specwire

@@ -1,0 +1,154 @@
+// Qwen3.5 / Qwen3.6 hybrid text model (Qwen3_5ForCausalLM): Gated DeltaNet layers interleaved
+// with gated full-attention layers, all with (1 + w) RMSNorms and a dense SwiGLU MLP.
+//
+// One layer, as transformers 5.23 writes it (models/qwen3_5/modeling_qwen3_5.py):
+//   h = h + mixer(input_layernorm(h))         mixer: GatedDeltaNet or GatedAttention (layer_types)
+//   h = h + down_proj(silu(gate_proj(m)) * up_proj(m))    m = post_attention_layernorm(h)
+//
+// The reference is transformers' torch fallback path (flash-linear-attention and causal_conv1d
+// absent): every dtype cast, the l2norm eps and placement, and the triangular solve of the chunked
+// delta rule are reproduced at the same points; for an unpadded sequence on CPU the states are
+// bit-identical to transformers' in fp32 and bf16.
+//
+// Projections are NOT fused into wider GEMMs (unlike llama.cc): a fused GEMM rounds differently
+// from the separate ones whenever the BLAS picks another blocking for the wider matrix, which
+// on CPU happens for single-token decode steps (M = 1, gemv) and for the tiny b / a projections
+// at the end of a fused GDN input projection (measured: ~5e-7 relative per layer in fp32).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/models/decoder.h"
+#include "common/models/rope.h"
+
+namespace specwire {
+
+// ---------------------------------------------------------------------------------------------
+// Gated delta rule (Yang et al., "Gated Delta Networks"), per value head h and token t:
+//   S_t = exp(g_t) S_{t-1} + k_t (β_t (v_t − exp(g_t) S_{t-1}ᵀ k_t))ᵀ        S: [dk, dv]
+//   o_t = S_tᵀ q_t
+// with q, k L2-normalised (eps 1e-6, in fp32) and q scaled by dk^-1/2. Key heads serve
+// nv / nk consecutive value heads (grouped value attention).
+//
+// Shared argument shapes: q, k [B, T, nk, dk]; v [B, T, nv, dv]; g [B, T, nv] fp32 (log decay,
+// <= 0); beta [B, T, nv]; initial_state [B, nv, dk, dv] fp32, or undefined for zeros.
+// `out` is [B, T, nv, dv] in q's dtype; `final_state` [B, nv, dk, dv] fp32.
+struct DeltaRuleResult {
+  at::Tensor out;
+  at::Tensor final_state;
+};
+
+// transformers' torch_chunk_gated_delta_rule: chunks of `chunk_size` tokens, inside a chunk the
+// delta-rule updates are condensed by a unit-lower-triangular solve (the UT transform), between
+// chunks the state is carried sequentially. Chunks are processed a block at a time, so memory
+// grows linearly with T (the reference materialises all chunks' [C, C] matrices at once; the
+// arithmetic per chunk is identical).
+DeltaRuleResult GatedDeltaRuleChunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& g, const at::Tensor& beta,
+                                      const at::Tensor& initial_state, int64_t chunk_size = 64);
+
+// transformers' torch_recurrent_gated_delta_rule: one token at a time. Used for single-token
+// decode steps, as transformers does (its results differ from the chunked form by rounding only).
+DeltaRuleResult GatedDeltaRuleRecurrent(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& g,
+                                        const at::Tensor& beta, const at::Tensor& initial_state);
+
+// Decoding state of one Gated DeltaNet layer.
+class GatedDeltaNetCache : public LayerCache {
+ public:
+  GatedDeltaNetCache(int64_t batch, int64_t conv_dim, int64_t conv_kernel, int64_t num_v_heads,
+                     int64_t k_head_dim, int64_t v_head_dim, at::ScalarType dtype,
+                     const at::Device& device);
+  at::Tensor conv_state;       // [B, conv_dim, K-1], compute dtype: the last K-1 conv inputs
+  at::Tensor recurrent_state;  // [B, nv, dk, dv] fp32: S after the last processed token
+};
+
+// ---------------------------------------------------------------------------------------------
+// The part both layer kinds share: (1 + w) pre-norms, residuals and the SwiGLU MLP. Subclasses
+// supply the token mixer.
+class Qwen3_5DecoderLayer : public DecoderLayer {
+ public:
+  Qwen3_5DecoderLayer(const ModelConfig& config, at::ScalarType dtype);
+
+  at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) final;
+  void ForEachWeight(const WeightVisitor& visit) final;
+  void Prepare(const at::Device& device) final;
+
+ protected:
+  // n: input_layernorm(h) [B, T, hidden] → the mixer's output [B, T, hidden].
+  virtual at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) = 0;
+  virtual void ForEachMixerWeight(const WeightVisitor& visit) = 0;
+  virtual void PrepareMixer() = 0;  // device_ is set
+
+  const int64_t hidden_;
+  const double eps_;
+  const at::ScalarType dtype_;
+
+ private:
+  const int64_t intermediate_;
+  at::Tensor input_norm_, post_norm_;  // [hidden], (1 + w)
+  at::Tensor gate_w_, up_w_;           // [I, hidden]
+  at::Tensor down_w_;                  // [hidden, I]
+};
+
+// Full-attention layer (Qwen3_5Attention): q_proj yields [query | gate] per head, q/k get a
+// per-head (1 + w) RMSNorm, the first rotary_dim dims are rotated, and the attention output is
+// multiplied by sigmoid(gate) before o_proj.
+class GatedAttentionLayer : public Qwen3_5DecoderLayer {
+ public:
+  GatedAttentionLayer(const ModelConfig& config, std::shared_ptr<const RotaryEmbedding> rope,
+                      at::ScalarType dtype);
+  std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
+  std::string KernelVariant() const override { return "sdpa gated"; }
+
+ protected:
+  at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
+  void ForEachMixerWeight(const WeightVisitor& visit) override;
+  void PrepareMixer() override;
+
+ private:
+  const int64_t heads_, kv_heads_, head_dim_;
+  const bool bias_;
+  std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all attention layers
+  at::Tensor q_w_, q_b_;                         // [2·Hq·D, hidden]: [query | gate] per head
+  at::Tensor k_w_, k_b_, v_w_, v_b_;             // [Hkv·D, hidden]
+  at::Tensor o_w_, o_b_;                         // [hidden, Hq·D]
+  at::Tensor q_norm_, k_norm_;                   // [head_dim], (1 + w)
+};
+
+// Gated DeltaNet layer (Qwen3_5GatedDeltaNet).
+class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
+ public:
+  GatedDeltaNetLayer(const ModelConfig& config, at::ScalarType dtype);
+  std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
+  std::string KernelVariant() const override {
+    return "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode";
+  }
+
+ protected:
+  at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
+  void ForEachMixerWeight(const WeightVisitor& visit) override;
+  void PrepareMixer() override;
+
+ private:
+  const int64_t nk_, nv_, dk_, dv_, conv_kernel_;
+  const int64_t key_dim_, value_dim_, conv_dim_;  // nk·dk, nv·dv, 2·key_dim + value_dim
+  at::Tensor in_qkv_w_;                           // [conv_dim, hidden]
+  at::Tensor in_z_w_;                             // [value_dim, hidden]
+  at::Tensor in_b_w_;                             // [nv, hidden]
+  at::Tensor in_a_w_;                             // [nv, hidden]
+  at::Tensor conv_w_;                             // [conv_dim, 1, K] depthwise, no bias
+  at::Tensor dt_bias_;                            // [nv]
+  at::Tensor a_log_;                              // [nv]
+  at::Tensor norm_w_;                             // [dv], plain w (not 1 + w)
+  at::Tensor out_w_;                              // [hidden, value_dim]
+};
+
+// The whole model for config.family kQwen3_5. INVALID_ARGUMENT for a layer type the hybrid
+// architecture does not have (sliding_attention).
+absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfig& config,
+                                                                at::ScalarType dtype);
+
+}  // namespace specwire
