@@ -16,9 +16,10 @@
 #   SPECWIRE_GPU_CHECK_SKIP_BENCH=1 parity only
 #   SPECWIRE_PYTHON                 a python with torch (default: the first of python3, python,
 #                                   .venv/bin/python that imports torch)
+#   SPECWIRE_TORCH_DIR              libtorch to build against (default: that python's torch)
 #   SPECWIRE_JOBS                   build jobs (default nproc)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 T0=$(date +%s)
 DEVICE=${SPECWIRE_GPU_CHECK_DEVICE:-cuda}
@@ -28,20 +29,21 @@ KIT=$ROOT/build/gpu-kit
 JOBS=${SPECWIRE_JOBS:-$(nproc)}
 mkdir -p "$LOG_DIR"
 : > "$LOG_DIR/commands.log"
-exec > >(tee "$LOG_DIR/gpu_check.log") 2>&1
 
 log() { printf '[gpu-check] %s\n' "$*"; }
 die() { log "ERROR: $*"; exit 2; }
 
-[ -f "$KIT/ref/manifest.json" ] && [ -d "$KIT/deps/usr/include/absl" ] ||
+main() {
+if [ ! -f "$KIT/ref/manifest.json" ] || [ ! -d "$KIT/deps/usr/include/absl" ]; then
   die "$KIT is missing or incomplete: run scripts/gpu_prepare.sh on the dev machine and carry build/gpu-kit"
+fi
 
 PY=""
 for p in ${SPECWIRE_PYTHON:-} python3 python "$ROOT/.venv/bin/python"; do
   if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then PY=$(command -v "$p"); break; fi
 done
 [ -n "$PY" ] || die "no python with torch found (set SPECWIRE_PYTHON)"
-TORCH_DIR=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+TORCH_DIR=${SPECWIRE_TORCH_DIR:-$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')}
 log "python: $PY; torch $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
 log "torch dir: $TORCH_DIR"
 if [ "$DEVICE" = cuda ]; then
@@ -81,7 +83,8 @@ case "$absl_dir" in "$DEPS"/*) ;; *) log "WARNING: absl was not taken from the k
 log "building specwire-extract specwire-bench-extract ($JOBS jobs)"
 cmake --build "$BUILD_DIR" -j "$JOBS" --target specwire-extract specwire-bench-extract \
   > "$LOG_DIR/build.log" 2>&1 ||
-  { grep -m 20 -B2 -A8 'error' "$LOG_DIR/build.log" | head -n 60; die "build failed (log: build.log)"; }
+  { grep -E 'FAILED:|error:|undefined reference' "$LOG_DIR/build.log" | cut -c1-400 | head -n 30
+    die "build failed (log: build.log)"; }
 BUILD_S=$(( $(date +%s) - tb ))
 log "build: ${BUILD_S}s"
 "$BUILD_DIR/services/extractor/specwire-extract" --help > /dev/null ||
@@ -95,9 +98,14 @@ else
 fi
 BENCH_ARGS=()
 [ "${SPECWIRE_GPU_CHECK_SKIP_BENCH:-0}" = 1 ] && BENCH_ARGS+=(--skip-bench)
-"$PY" tests/gpu/compare.py run --build-dir "$BUILD_DIR" --ref "$KIT/ref" --out "$LOG_DIR" \
+"$PY" -u tests/gpu/compare.py run --build-dir "$BUILD_DIR" --ref "$KIT/ref" --out "$LOG_DIR" \
+  --work "$BUILD_DIR/gpu-check" \
   --device "$DEVICE" --bench-model "$BUILD_DIR/bench-models/qwen3-100m" --seq-lens "$SEQ_LENS" \
   --reps $REPS --long-len $LONG ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"}
 status=$?
 log "build ${BUILD_S}s, total $(( $(date +%s) - T0 ))s, status $status (logs: $LOG_DIR)"
-exit $status
+return $status
+}
+
+main 2>&1 | tee "$LOG_DIR/gpu_check.log"
+exit "${PIPESTATUS[0]}"
