@@ -349,8 +349,6 @@ def test_bad_input_is_rejected(case, checkpoint, tmp_path):
     assert not out.exists(), f"{case}: output file written despite the error"
 
 
-@pytest.mark.xfail(strict=True, reason="--tokens drops empty sequences silently (StrSplit with "
-                   "SkipWhitespace), shifting seq indices; --tokens-file rejects them")
 def test_empty_sequence_in_tokens_flag_is_rejected(checkpoint, tmp_path):
     out = tmp_path / "out.safetensors"
     res = run_extract(["extract", "--model", str(checkpoint(BAD_BASE)), "--tokens", "1,2;;3",
