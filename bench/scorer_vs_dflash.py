@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Drafting throughput: specwire's acceptance replay vs dflash 0.1.0's Python loop, same CPU.
+
+Both sides draft the same blocks: the same drafter (random weights; speed does not depend on
+their values) on the same target's greedy trajectories, with the same torch and thread count.
+dflash_generate runs first to produce the trajectories; specwire-replay then replays exactly
+those (--trajectories-file), and the block counts are checked to be equal (the replay is
+step-for-step the dflash loop, see tests/parity/test_dflash_parity.py).
+
+What is timed (medians over alternating rounds):
+  ours          specwire-replay's in-process time of the replay alone (timing.replay_seconds):
+                context appends (fc, hidden_norm, context K/V), every draft forward, lm_head,
+                argmax and the acceptance bookkeeping. Target generation and feature extraction
+                are outside the timer (they are the extractor's job).
+  dflash-draft  inside dflash_generate, only the drafting operations: the block embedding
+                (_raw_input_embeddings), DFlashDraftModel.forward (context fc + layers), the
+                draft-cache crop and compute_logits (the argmax is left out).
+  dflash-loop   dflash_generate's whole time minus the target's forward calls (prefill and
+                verify): drafting plus the loop's own bookkeeping.
+The headline compares against dflash-draft, the stricter baseline (it gives dflash credit for
+none of its loop overhead while our time includes all of ours).
+
+Last line: scorer_vs_dflash_ratio=<median over configs of ours / dflash-draft blocks per second>.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "parity"))
+
+import dflash.model as dflash_model  # noqa: E402
+from dflash.model import DFlashDraftModel, dflash_generate  # noqa: E402
+
+dflash_model._cuda_time = time.perf_counter  # its timers need CUDA; only return_stats uses them
+_ORIGINAL = (dflash_model._make_cache, dflash_model._crop_to, dflash_model._raw_input_embeddings)
+
+# name -> (target config, drafter layer types, sliding window, prompts, prompt length, new tokens)
+SIZES = {
+    # the parity tier's size: per-operation overhead dominates
+    "tiny": (dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+             ["sliding_attention", "full_attention"], 12, 4, 16, 96),
+    # a 5-layer drafter shaped like z-lab's Qwen3.6 one (4 sliding + 1 full), hidden 256,
+    # vocabulary 8192: matrix products start to count
+    "small": (dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+              ["sliding_attention"] * 4 + ["full_attention"], 64, 4, 32, 96),
+}
+
+
+def build(size: str, cache: Path) -> tuple[Path, Path]:
+    tcfg, layer_types, window, *_ = SIZES[size]
+    root = cache / size
+    target_dir, drafter_dir = root / "target", root / "drafter"
+    if (drafter_dir / "config.json").exists():
+        return target_dir, drafter_dir
+    config = transformers.AutoConfig.for_model("qwen3", **tcfg, max_position_embeddings=4096,
+                                               tie_word_embeddings=False, rope_theta=1e6,
+                                               initializer_range=0.2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(
+        target_dir, safe_serialization=True)
+    L = tcfg["num_hidden_layers"]
+    dcfg = transformers.Qwen3Config(
+        vocab_size=tcfg["vocab_size"], hidden_size=tcfg["hidden_size"],
+        intermediate_size=tcfg["intermediate_size"], num_hidden_layers=len(layer_types),
+        num_attention_heads=tcfg["num_attention_heads"],
+        num_key_value_heads=tcfg["num_key_value_heads"], head_dim=tcfg["head_dim"],
+        max_position_embeddings=4096, rope_theta=1e6, layer_types=layer_types,
+        use_sliding_window=True, sliding_window=window, block_size=16, num_target_layers=L,
+        dflash_config={"mask_token_id": tcfg["vocab_size"] - 1,
+                       "target_layer_ids": [0, 1, L - 2]})
+    dcfg.architectures = ["DFlashDraftModel"]
+    torch.manual_seed(1)
+    DFlashDraftModel(dcfg).save_pretrained(drafter_dir, safe_serialization=True)
+    return target_dir, drafter_dir
+
+
+class DflashTimer:
+    """Wraps the drafting operations and the target's forward inside dflash_generate."""
+
+    def __init__(self, drafter, target):
+        self.draft = 0.0
+        self.target = 0.0
+        self.draft_caches: set[int] = set()
+
+        def timed(fn, field):
+            def wrapper(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+            return wrapper
+
+        drafter.forward = timed(drafter.forward, "draft")
+        drafter.compute_logits = timed(drafter.compute_logits, "draft")
+        target.forward = timed(target.forward, "target")
+        make_cache, crop, embed = _ORIGINAL
+
+        def make_cache_recorded(config):
+            cache = make_cache(config)
+            if config is drafter.config:
+                self.draft_caches.add(id(cache))
+            return cache
+
+        def crop_timed(cache, length):
+            if id(cache) not in self.draft_caches:
+                return crop(cache, length)
+            return timed(crop, "draft")(cache, length)
+
+        dflash_model._make_cache = make_cache_recorded
+        dflash_model._crop_to = crop_timed
+        dflash_model._raw_input_embeddings = timed(embed, "draft")
+
+
+def run_dflash(drafter, target, timer: DflashTimer, prompts, max_new: int):
+    """One pass over the prompts: (steps, draft s, loop-minus-target s, trajectories)."""
+    timer.draft = timer.target = 0.0
+    steps, total, trajectories = 0, 0.0, []
+    for prompt in prompts:
+        t0 = time.perf_counter()
+        res = dflash_generate(drafter, target, torch.tensor([prompt]), max_new, None,
+                              return_stats=True)
+        total += time.perf_counter() - t0
+        steps += len(res.acceptance_lengths)
+        trajectories.append({"prompt": prompt, "completion": res.output_ids[0, len(prompt):].tolist()})
+    return steps, timer.draft, total - timer.target, trajectories
+
+
+def run_ours(exe: Path, target_dir: Path, drafter_dir: Path, traj_file: Path, max_new: int,
+             threads: int, repeat: int) -> tuple[int, float]:
+    cmd = [str(exe), "--drafter", str(drafter_dir), "--target", str(target_dir),
+           "--trajectories-file", str(traj_file), "--max-new-tokens", str(max_new),
+           "--ddtree", "none", "--threads", str(threads), "--repeat", str(repeat)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr}")
+    timing = json.loads(res.stdout.strip().splitlines()[-1])["timing"]
+    return timing["dflash_blocks"], timing["replay_seconds"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build-dir", type=Path,
+                    default=Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build")))
+    ap.add_argument("--cache-dir", type=Path, default=REPO / "build" / "bench-scorer")
+    ap.add_argument("--sizes", default="tiny,small")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="replays per specwire-replay call")
+    args = ap.parse_args()
+    exe = args.build_dir / "services" / "scorer" / "specwire-replay"
+    if not exe.exists():
+        raise SystemExit(f"{exe} not built: cmake --build {args.build_dir} --target specwire-replay")
+    transformers.utils.logging.set_verbosity_error()
+
+    rows, ratios = [], []
+    for size in args.sizes.split(","):
+        target_dir, drafter_dir = build(size, args.cache_dir)
+        *_, n_prompts, prompt_len, max_new = SIZES[size]
+        rng = random.Random(0)
+        vocab = SIZES[size][0]["vocab_size"]
+        prompts = [[rng.randrange(vocab - 1) for _ in range(prompt_len)] for _ in range(n_prompts)]
+        target = transformers.AutoModelForCausalLM.from_pretrained(
+            target_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+        drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+        timer = DflashTimer(drafter, target)
+        for threads in map(int, args.threads.split(",")):
+            torch.set_num_threads(threads)
+            steps, _, _, trajectories = run_dflash(drafter, target, timer, prompts, max_new)  # warm-up
+            traj_file = args.cache_dir / size / "trajectories.json"
+            traj_file.write_text(json.dumps(trajectories))
+            d_draft, d_loop, o_time = [], [], []
+            for _ in range(args.rounds):
+                s, draft_s, loop_s, _ = run_dflash(drafter, target, timer, prompts, max_new)
+                assert s == steps
+                d_draft.append(draft_s)
+                d_loop.append(loop_s)
+                blocks, seconds = run_ours(exe, target_dir, drafter_dir, traj_file, max_new,
+                                           threads, args.repeat)
+                if blocks != steps:
+                    raise SystemExit(f"{size}: specwire replayed {blocks} blocks, dflash drafted {steps}")
+                o_time.append(seconds)
+            ours = steps / statistics.median(o_time)
+            draft = steps / statistics.median(d_draft)
+            loop = steps / statistics.median(d_loop)
+            rows.append((size, threads, steps, ours, draft, loop))
+            ratios.append(ours / draft)
+
+    print(f"{'size':<6} {'threads':>7} {'blocks':>6} {'ours blk/s':>11} {'dflash-draft':>13} "
+          f"{'dflash-loop':>12} {'ours/draft':>11} {'ours/loop':>10}")
+    for size, threads, steps, ours, draft, loop in rows:
+        print(f"{size:<6} {threads:>7} {steps:>6} {ours:>11.1f} {draft:>13.1f} {loop:>12.1f} "
+              f"{ours / draft:>11.2f} {ours / loop:>10.2f}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{os.cpu_count()} CPUs; medians of {args.rounds} rounds; blocks = drafting steps "
+          f"(identical on both sides)")
+    print(f"scorer_vs_dflash_ratio={statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

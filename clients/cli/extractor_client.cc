@@ -1,0 +1,516 @@
+#include "clients/cli/extractor_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/digest.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "proto/specwire/v1/extractor.grpc.pb.h"
+
+namespace specwire {
+
+struct ExtractorClient::Rpc {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Extractor::Stub> stub;
+};
+
+namespace {
+
+// A stream that does not follow the proto's conventions: the features cannot be trusted.
+absl::Status StreamError(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("stream: ", what));
+}
+
+v1::WireDType ToProto(DType d) {
+  switch (d) {
+    case DType::kBF16:
+      return v1::WIRE_DTYPE_BF16;
+    case DType::kF32:
+      return v1::WIRE_DTYPE_F32;
+    case DType::kF16:
+      return v1::WIRE_DTYPE_F16;
+  }
+  return v1::WIRE_DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<DType> FromProto(v1::WireDType d) {
+  switch (d) {
+    case v1::WIRE_DTYPE_UNSPECIFIED:
+    case v1::WIRE_DTYPE_BF16:
+      return DType::kBF16;
+    case v1::WIRE_DTYPE_F32:
+      return DType::kF32;
+    case v1::WIRE_DTYPE_F16:
+      return DType::kF16;
+    default:
+      return StreamError(absl::StrCat("unknown dtype ", static_cast<int>(d)));
+  }
+}
+
+ExtractionContract FromProto(const v1::ExtractionContract& p) {
+  ExtractionContract c;
+  c.architecture = p.architecture();
+  c.model_type = p.model_type();
+  c.source_layout = p.source_layout();
+  c.source_architecture = p.source_architecture();
+  c.weight_prefix = p.weight_prefix();
+  c.tensors_loaded = p.tensors_loaded();
+  c.tensors_skipped = p.tensors_skipped();
+  for (const auto& s : p.skipped()) c.skipped.push_back({s.prefix(), s.count(), s.reason()});
+  c.num_layers = p.num_layers();
+  c.hidden_size = p.hidden_size();
+  c.vocab_size = p.vocab_size();
+  c.layer_types.assign(p.layer_types().begin(), p.layer_types().end());
+  c.compute_dtype = p.compute_dtype();
+  c.devices.assign(p.devices().begin(), p.devices().end());
+  c.kernel_variant = p.kernel_variant();
+  c.weights_digest = p.weights_digest();
+  c.tokenizer_digest = p.tokenizer_digest();
+  c.specwire_version = p.specwire_version();
+  return c;
+}
+
+StreamTotals FromProto(const v1::StreamTrailer& t) {
+  return {t.request_id(), t.sequences(),     t.tokens(),         t.chunks(),
+          t.bytes(),      t.queue_seconds(), t.compute_seconds()};
+}
+
+void ToProto(const InputSequence& in, v1::SequenceInput* out) {
+  if (in.is_text) {
+    out->set_text(in.text);
+  } else {
+    auto* ids = out->mutable_tokens()->mutable_ids();
+    ids->Reserve(static_cast<int>(in.token_ids.size()));
+    for (int64_t id : in.token_ids) ids->Add(static_cast<int32_t>(id));
+  }
+}
+
+void ToProto(const RequestedStates& s, v1::LayerSelection* out) {
+  for (int32_t id : s.layer_ids) out->add_layer_ids(id);
+  out->set_embedding(s.embedding);
+  out->set_final_norm(s.final_norm);
+}
+
+std::vector<int64_t> Ids(const google::protobuf::RepeatedField<int32_t>& ids) {
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+void SetDeadline(const ExtractorClientOptions& o, grpc::ClientContext* ctx) {
+  if (o.timeout_seconds > 0) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                          std::chrono::duration<double>(o.timeout_seconds)));
+  }
+}
+
+// Rebuilds the states of one stream from its chunks. A state is handed to the sink the moment its
+// last row arrives, and its buffer leaves the collector with it.
+class StateCollector {
+ public:
+  StateCollector(const ExtractorClient::StateSink& sink, int64_t hidden_size)
+      : sink_(sink), hidden_size_(hidden_size) {}
+
+  // Rows every state of sequence `seq` must have (its token count), when known.
+  void ExpectRows(uint32_t seq, int64_t rows) { expected_rows_[seq] = rows; }
+
+  absl::Status Add(const v1::HiddenStateChunk& c) {
+    const Key key{c.sequence_index(), static_cast<int>(c.state().tap()),
+                  c.state().tap() == v1::TAP_LAYER_OUTPUT ? c.state().layer_id() : 0};
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      SW_ASSIGN_OR_RETURN(auto state, StartState(c));
+      if (done_.count(key)) {
+        return StreamError(
+            absl::StrCat(state.TensorName(), ": chunk after the state was complete"));
+      }
+      SW_ASSIGN_OR_RETURN(DType dtype, FromProto(c.dtype()));
+      Pending p{std::move(state), StateAssembler(c.sequence_length(), c.hidden_size(), dtype)};
+      it = pending_.emplace(key, std::move(p)).first;
+    }
+    Pending& p = it->second;
+    if (c.sequence_length() != p.assembler.rows()) {
+      return StreamError(absl::StrCat(p.state.TensorName(), ": sequence_length ",
+                                      c.sequence_length(), " differs from the state's ",
+                                      p.assembler.rows()));
+    }
+    SW_ASSIGN_OR_RETURN(DType dtype, FromProto(c.dtype()));
+    const auto* data = reinterpret_cast<const std::byte*>(c.data().data());
+    absl::Status added = p.assembler.Add(c.token_start(), c.token_count(), c.hidden_size(), dtype,
+                                         {data, c.data().size()}, c.crc32c());
+    if (!added.ok()) return StreamError(absl::StrCat(p.state.TensorName(), ": ", added.message()));
+    ++chunks_;
+    bytes_ += c.data().size();
+    if (p.assembler.complete()) {
+      p.state.bytes = p.assembler.Release();
+      ReceivedState done = std::move(p.state);
+      pending_.erase(it);
+      done_.insert(key);
+      SW_RETURN_IF_ERROR(sink_(std::move(done)));
+    }
+    return absl::OkStatus();
+  }
+
+  // At the trailer: nothing half-received, and the server's totals match ours.
+  absl::Status Finish(const StreamTotals& t) const {
+    if (!pending_.empty()) {
+      const Pending& p = pending_.begin()->second;
+      return StreamError(absl::StrCat(p.state.TensorName(), ": trailer after ", p.assembler.rows(),
+                                      "-row state was only partly sent"));
+    }
+    if (t.chunks != chunks_ || t.bytes != bytes_) {
+      return StreamError(absl::StrCat("trailer counts ", t.chunks, " chunks / ", t.bytes,
+                                      " bytes, received ", chunks_, " / ", bytes_));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  using Key = std::tuple<uint32_t, int, int32_t>;  // sequence, tap, layer id
+  struct Pending {
+    ReceivedState state;  // everything but the bytes
+    StateAssembler assembler;
+  };
+
+  absl::StatusOr<ReceivedState> StartState(const v1::HiddenStateChunk& c) const {
+    ReceivedState s;
+    s.sequence_index = c.sequence_index();
+    switch (c.state().tap()) {
+      case v1::TAP_LAYER_OUTPUT:
+        s.layer_id = c.state().layer_id();
+        s.state = absl::StrCat("layer.", s.layer_id);
+        break;
+      case v1::TAP_EMBEDDING:
+        s.state = "embedding";
+        break;
+      case v1::TAP_FINAL_NORM:
+        s.state = "final_norm";
+        break;
+      default:
+        return StreamError(
+            absl::StrCat("chunk with unknown tap ", static_cast<int>(c.state().tap())));
+    }
+    s.hf_hidden_states_index = c.hf_hidden_states_index();
+    s.rows = c.sequence_length();
+    s.hidden = c.hidden_size();
+    SW_ASSIGN_OR_RETURN(s.dtype, FromProto(c.dtype()));
+    // Checked before anything is allocated: a chunk's header decides the state's buffer size.
+    if (s.hidden != hidden_size_) {
+      return StreamError(absl::StrCat(s.TensorName(), ": hidden_size ", s.hidden,
+                                      " differs from the contract's ", hidden_size_));
+    }
+    auto rows = expected_rows_.find(s.sequence_index);
+    if (rows == expected_rows_.end()) {
+      return StreamError(absl::StrCat(s.TensorName(), ": chunk of a sequence never announced"));
+    }
+    if (rows->second != s.rows) {
+      return StreamError(absl::StrCat(s.TensorName(), ": sequence_length ", s.rows, " but the ",
+                                      "sequence has ", rows->second, " tokens"));
+    }
+    return s;
+  }
+
+  const ExtractorClient::StateSink& sink_;
+  int64_t hidden_size_;
+  std::map<uint32_t, int64_t> expected_rows_;
+  std::map<Key, Pending> pending_;
+  std::set<Key> done_;
+  uint64_t chunks_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Ends a sync stream: cancels it if we stopped early, drains it and merges the two statuses. The
+// server's status wins (it says why the stream broke); then ours; then the missing trailer.
+template <class Response>
+absl::Status EndStream(grpc::ClientContext* ctx, grpc::ClientReader<Response>* reader,
+                       absl::Status ours, bool saw_trailer) {
+  if (!ours.ok()) {
+    ctx->TryCancel();
+    Response ignored;
+    while (reader->Read(&ignored)) {
+    }
+  }
+  grpc::Status server = reader->Finish();
+  if (!ours.ok()) return ours;
+  if (!server.ok()) return FromGrpcStatus(server);
+  if (!saw_trailer) {
+    return StreamError(
+        "ended without a trailer (incomplete: the server failed or the call was cancelled)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ReceivedState::TensorName() const {
+  return absl::StrCat("seq.", sequence_index, ".", state);
+}
+
+ExtractorClient::ExtractorClient(ExtractorClientOptions options)
+    : options_(std::move(options)), rpc_(std::make_unique<Rpc>()) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
+  rpc_->channel =
+      grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+  rpc_->stub = v1::Extractor::NewStub(rpc_->channel);
+}
+
+ExtractorClient::~ExtractorClient() = default;
+
+absl::StatusOr<ExtractionContract> ExtractorClient::Info() {
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  v1::ExtractionContract reply;
+  grpc::Status s = rpc_->stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return FromProto(reply);
+}
+
+absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& params) {
+  std::vector<ReceivedState> states;
+  SW_ASSIGN_OR_RETURN(ExtractReply reply, Extract(params, [&](ReceivedState&& s) {
+                        states.push_back(std::move(s));
+                        return absl::OkStatus();
+                      }));
+  reply.states = std::move(states);
+  return reply;
+}
+
+absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& params,
+                                                      const StateSink& on_state) {
+  v1::ExtractRequest req;
+  for (const auto& in : params.sequences) ToProto(in, req.add_sequences());
+  ToProto(params.states, req.mutable_layers());
+  req.set_dtype(ToProto(params.dtype));
+  req.set_max_chunk_bytes(params.max_chunk_bytes);
+  req.set_request_id(params.request_id);
+  req.set_add_special_tokens(params.add_special_tokens);
+
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  std::unique_ptr<grpc::ClientReader<v1::ExtractResponse>> reader = rpc_->stub->Extract(&ctx, req);
+  ExtractReply reply;
+  reply.token_ids.resize(params.sequences.size());
+  std::unique_ptr<StateCollector> states;  // created once the contract gives the hidden size
+  bool saw_trailer = false;
+  v1::ExtractResponse msg;
+  absl::Status ours = [&]() -> absl::Status {
+    while (reader->Read(&msg)) {
+      if (saw_trailer) return StreamError("message after the trailer");
+      if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
+      switch (msg.message_case()) {
+        case v1::ExtractResponse::kContract:
+          if (states) return StreamError("second contract");
+          reply.contract = FromProto(msg.contract());
+          states = std::make_unique<StateCollector>(on_state, reply.contract.hidden_size);
+          break;
+        case v1::ExtractResponse::kSequence: {
+          const uint32_t i = msg.sequence().sequence_index();
+          if (i >= reply.token_ids.size()) {
+            return StreamError(absl::StrCat("sequence_index ", i, " but ", reply.token_ids.size(),
+                                            " sequences were sent"));
+          }
+          reply.token_ids[i] = Ids(msg.sequence().token_ids());
+          states->ExpectRows(i, static_cast<int64_t>(reply.token_ids[i].size()));
+          break;
+        }
+        case v1::ExtractResponse::kChunk:
+          SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
+          break;
+        case v1::ExtractResponse::kTrailer:
+          reply.totals = FromProto(msg.trailer());
+          SW_RETURN_IF_ERROR(states->Finish(reply.totals));
+          saw_trailer = true;
+          break;
+        default:
+          return StreamError("empty message");
+      }
+    }
+    return absl::OkStatus();
+  }();
+  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, saw_trailer));
+  return reply;
+}
+
+absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& params) {
+  v1::GenerateRequest req;
+  for (const auto& in : params.prompts) ToProto(in, req.add_prompts());
+  req.set_max_new_tokens(params.max_new_tokens);
+  for (int64_t id : params.stop_token_ids) req.add_stop_token_ids(static_cast<int32_t>(id));
+  req.set_ignore_model_eos(params.ignore_model_eos);
+  ToProto(params.states, req.mutable_layers());
+  req.set_dtype(ToProto(params.dtype));
+  req.set_max_chunk_bytes(params.max_chunk_bytes);
+  req.set_request_id(params.request_id);
+  req.set_add_special_tokens(params.add_special_tokens);
+
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      rpc_->stub->Generate(&ctx, req);
+  GenerateReply reply;
+  const StateSink keep = [&](ReceivedState&& s) {
+    reply.states.push_back(std::move(s));
+    return absl::OkStatus();
+  };
+  std::unique_ptr<StateCollector> states;
+  bool saw_trailer = false;
+  v1::GenerateResponse msg;
+  absl::Status ours = [&]() -> absl::Status {
+    while (reader->Read(&msg)) {
+      if (saw_trailer) return StreamError("message after the trailer");
+      if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
+      switch (msg.message_case()) {
+        case v1::GenerateResponse::kContract:
+          if (states) return StreamError("second contract");
+          reply.contract = FromProto(msg.contract());
+          states = std::make_unique<StateCollector>(keep, reply.contract.hidden_size);
+          break;
+        case v1::GenerateResponse::kCompletion: {
+          const v1::Completion& c = msg.completion();
+          if (c.sequence_index() >= params.prompts.size()) {
+            return StreamError(absl::StrCat("completion for prompt ", c.sequence_index(), " but ",
+                                            params.prompts.size(), " prompts were sent"));
+          }
+          ReceivedCompletion r{c.sequence_index(), Ids(c.prompt_token_ids()),
+                               Ids(c.completion_token_ids()), c.finish_reason()};
+          states->ExpectRows(r.sequence_index, static_cast<int64_t>(r.prompt_token_ids.size() +
+                                                                    r.completion_token_ids.size()));
+          reply.completions.push_back(std::move(r));
+          break;
+        }
+        case v1::GenerateResponse::kChunk:
+          SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
+          break;
+        case v1::GenerateResponse::kTrailer:
+          reply.totals = FromProto(msg.trailer());
+          SW_RETURN_IF_ERROR(states->Finish(reply.totals));
+          saw_trailer = true;
+          break;
+        default:
+          return StreamError("empty message");
+      }
+    }
+    return absl::OkStatus();
+  }();
+  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, saw_trailer));
+  if (reply.completions.size() != params.prompts.size()) {
+    return StreamError(absl::StrCat(reply.completions.size(), " completions for ",
+                                    params.prompts.size(), " prompts"));
+  }
+  return reply;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorClient::Tokenize(
+    const std::vector<std::string>& texts, bool add_special_tokens) {
+  v1::TokenizeRequest req;
+  for (const auto& t : texts) req.add_texts(t);
+  req.set_add_special_tokens(add_special_tokens);
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  v1::TokenizeResponse reply;
+  grpc::Status s = rpc_->stub->Tokenize(&ctx, req, &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& seq : reply.sequences()) out.push_back(Ids(seq.ids()));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ExtractorClient::Detokenize(
+    const std::vector<std::vector<int64_t>>& sequences, bool skip_special_tokens) {
+  v1::DetokenizeRequest req;
+  for (const auto& seq : sequences) {
+    auto* ids = req.add_sequences()->mutable_ids();
+    for (int64_t id : seq) ids->Add(static_cast<int32_t>(id));
+  }
+  req.set_skip_special_tokens(skip_special_tokens);
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  v1::DetokenizeResponse reply;
+  grpc::Status s = rpc_->stub->Detokenize(&ctx, req, &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<std::string>(reply.texts().begin(), reply.texts().end());
+}
+
+absl::StatusOr<std::map<std::string, ReceivedTensor>> ExtractorClient::GetTensors(
+    const std::vector<std::string>& names, uint32_t max_chunk_bytes) {
+  v1::GetTensorsRequest req;
+  for (const auto& n : names) req.add_names(n);
+  req.set_max_chunk_bytes(max_chunk_bytes);
+  grpc::ClientContext ctx;
+  SetDeadline(options_, &ctx);
+  auto reader = rpc_->stub->GetTensors(&ctx, req);
+
+  std::map<std::string, ReceivedTensor> out;
+  ReceivedTensor current;  // the tensor being received; empty name: none
+  uint64_t total_bytes = 0;
+  bool started = false;
+  // A tensor is done when its last byte arrived; its digest is checked then.
+  auto finish_current = [&]() -> absl::Status {
+    if (!started) return absl::OkStatus();
+    if (current.bytes.size() != total_bytes) {
+      return StreamError(absl::StrCat(current.name, ": ", current.bytes.size(), " of ", total_bytes,
+                                      " bytes received"));
+    }
+    const std::string digest = DigestBytes(current.bytes);
+    if (digest != current.digest) {
+      return absl::DataLossError(absl::StrCat(current.name, ": digest ", digest,
+                                              " of the received bytes, server says ",
+                                              current.digest));
+    }
+    out[current.name] = std::move(current);
+    current = ReceivedTensor();
+    started = false;
+    return absl::OkStatus();
+  };
+  v1::TensorChunk c;
+  absl::Status ours = [&]() -> absl::Status {
+    while (reader->Read(&c)) {
+      if (!started || c.name() != current.name) {
+        SW_RETURN_IF_ERROR(finish_current());
+        if (c.offset() != 0) {
+          return StreamError(absl::StrCat(c.name(), ": first chunk at offset ", c.offset()));
+        }
+        current.name = c.name();
+        current.shape.assign(c.shape().begin(), c.shape().end());
+        SW_ASSIGN_OR_RETURN(current.dtype, FromProto(c.dtype()));
+        current.digest = c.digest();
+        total_bytes = c.total_bytes();
+        uint64_t expected = DTypeSize(current.dtype);
+        for (int64_t d : current.shape) expected *= static_cast<uint64_t>(d);
+        if (expected != total_bytes) {
+          return StreamError(absl::StrCat(c.name(), ": total_bytes ", total_bytes,
+                                          " but the shape holds ", expected));
+        }
+        current.bytes.reserve(total_bytes);
+        started = true;
+      }
+      if (c.offset() != current.bytes.size() || c.offset() + c.data().size() > total_bytes) {
+        return StreamError(absl::StrCat(c.name(), ": chunk at offset ", c.offset(), " (",
+                                        c.data().size(), " bytes) after ", current.bytes.size(),
+                                        " of ", total_bytes, " bytes"));
+      }
+      const auto* data = reinterpret_cast<const std::byte*>(c.data().data());
+      std::span<const std::byte> piece(data, c.data().size());
+      if (Crc32c(piece) != c.crc32c()) {
+        return absl::DataLossError(
+            absl::StrCat(c.name(), ": crc32c mismatch in the chunk at offset ", c.offset()));
+      }
+      current.bytes.insert(current.bytes.end(), piece.begin(), piece.end());
+    }
+    return finish_current();
+  }();
+  // GetTensors streams have no trailer: completeness is every requested name present.
+  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, /*saw_trailer=*/true));
+  for (const auto& n : names) {
+    if (!out.count(n)) return StreamError(absl::StrCat(n, ": requested but not sent"));
+  }
+  return out;
+}
+
+}  // namespace specwire

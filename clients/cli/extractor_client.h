@@ -1,0 +1,172 @@
+// A C++ client of the extractor (specwire.v1.Extractor): requests in, plain structs out.
+//
+// No protobuf or gRPC type appears in this header (the stub lives behind a pimpl), so code that
+// includes torch — the scorer — can use the client too (torch and protobuf never meet in one
+// translation unit). Streams are checked as they arrive: the contract comes first, every chunk's
+// crc32c and geometry are checked by StateAssembler, every state must be complete and the stream
+// must end with a trailer whose totals match what was received. A stream that breaks any of this
+// is an error (DATA_LOSS), never a partial result.
+//
+// Thread-safe: every call has its own gRPC context; one client (one channel) may serve many
+// threads at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/contract.h"
+#include "common/safetensors.h"
+
+namespace specwire {
+
+struct ExtractorClientOptions {
+  std::string target = "127.0.0.1:50051";  // host:port (plaintext)
+  // Deadline of each call, from its start to its last message; 0: none. A call to an address
+  // where nothing listens fails at once (UNAVAILABLE) either way.
+  double timeout_seconds = 0;
+  // Largest message accepted. The server caps chunks at --max_chunk_bytes (4 MiB by default)
+  // plus framing; gRPC's own default (4 MiB) would refuse a full-size chunk.
+  int max_receive_message_bytes = 64 << 20;
+};
+
+// One input sequence: token ids, or text the server tokenizes with the model's tokenizer.
+struct InputSequence {
+  std::vector<int64_t> token_ids;
+  std::string text;
+  bool is_text = false;
+
+  static InputSequence Tokens(std::vector<int64_t> ids) { return {std::move(ids), {}, false}; }
+  static InputSequence Text(std::string text) { return {{}, std::move(text), true}; }
+};
+
+// Which hidden states to ask for (layer ids per common/contract.h: layer k is the output of
+// decoder layer k, transformers' hidden_states[k + 1]).
+struct RequestedStates {
+  std::vector<int32_t> layer_ids;
+  bool embedding = false;   // hidden_states[0]
+  bool final_norm = false;  // hidden_states[num_layers]
+  bool empty() const { return layer_ids.empty() && !embedding && !final_norm; }
+};
+
+struct ExtractParams {
+  std::vector<InputSequence> sequences;
+  RequestedStates states;
+  DType dtype = DType::kBF16;       // kBF16 or kF32
+  uint32_t max_chunk_bytes = 0;     // 0: the server's default
+  std::string request_id;           // echoed in the trailer and the server's logs
+  bool add_special_tokens = false;  // for text inputs
+};
+
+struct GenerateParams {
+  std::vector<InputSequence> prompts;
+  uint32_t max_new_tokens = 32;
+  std::vector<int64_t> stop_token_ids;
+  bool ignore_model_eos = false;  // by default the model's eos_token_id also stops
+  RequestedStates states;         // over prompt + completion; empty: completions only
+  DType dtype = DType::kBF16;
+  uint32_t max_chunk_bytes = 0;
+  std::string request_id;
+  bool add_special_tokens = false;
+};
+
+// One hidden state of one sequence, reassembled: [rows, hidden] row-major little-endian in `dtype`.
+struct ReceivedState {
+  uint32_t sequence_index = 0;
+  std::string state;      // "layer.{k}" | "embedding" | "final_norm"
+  int32_t layer_id = -1;  // k for "layer.{k}", else -1
+  int32_t hf_hidden_states_index = 0;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  DType dtype = DType::kBF16;
+  std::vector<std::byte> bytes;
+
+  // "seq.{i}.{state}": the naming of specwire-extract's safetensors files.
+  std::string TensorName() const;
+};
+
+// The stream's trailer.
+struct StreamTotals {
+  std::string request_id;
+  uint32_t sequences = 0;
+  uint64_t tokens = 0;
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;
+  double queue_seconds = 0;
+  double compute_seconds = 0;
+};
+
+struct ExtractReply {
+  ExtractionContract contract;
+  std::vector<std::vector<int64_t>> token_ids;  // per sequence, as the server saw them
+  std::vector<ReceivedState> states;            // in arrival order
+  StreamTotals totals;
+};
+
+struct ReceivedCompletion {
+  uint32_t sequence_index = 0;
+  std::vector<int64_t> prompt_token_ids;
+  std::vector<int64_t> completion_token_ids;  // includes the stop token when one stopped it
+  std::string finish_reason;                  // "stop_token" | "max_new_tokens"
+};
+
+struct GenerateReply {
+  ExtractionContract contract;
+  std::vector<ReceivedCompletion> completions;
+  std::vector<ReceivedState> states;  // over prompt + completion of each prompt
+  StreamTotals totals;
+};
+
+// A stored target tensor (GetTensors), in its stored dtype; its digest was checked on arrival.
+struct ReceivedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kBF16;
+  std::vector<std::byte> bytes;
+  std::string digest;  // "xxh3-128:<hex>"
+};
+
+class ExtractorClient {
+ public:
+  explicit ExtractorClient(ExtractorClientOptions options);
+  ~ExtractorClient();
+  ExtractorClient(const ExtractorClient&) = delete;
+  ExtractorClient& operator=(const ExtractorClient&) = delete;
+
+  const ExtractorClientOptions& options() const { return options_; }
+
+  // The extraction contract of the loaded target.
+  absl::StatusOr<ExtractionContract> Info();
+
+  // Hidden states, collected in memory.
+  absl::StatusOr<ExtractReply> Extract(const ExtractParams& params);
+  // The same, handing each state to `on_state` as soon as its last chunk arrived (the reply then
+  // holds no states): memory stays at one request's in-flight states. An error from `on_state`
+  // cancels the call and is returned.
+  using StateSink = std::function<absl::Status(ReceivedState&&)>;
+  absl::StatusOr<ExtractReply> Extract(const ExtractParams& params, const StateSink& on_state);
+
+  absl::StatusOr<GenerateReply> Generate(const GenerateParams& params);
+
+  absl::StatusOr<std::vector<std::vector<int64_t>>> Tokenize(const std::vector<std::string>& texts,
+                                                             bool add_special_tokens);
+  absl::StatusOr<std::vector<std::string>> Detokenize(
+      const std::vector<std::vector<int64_t>>& sequences, bool skip_special_tokens);
+
+  // Named target tensors (e.g. "model.embed_tokens.weight", "lm_head.weight"), keyed by name.
+  absl::StatusOr<std::map<std::string, ReceivedTensor>> GetTensors(
+      const std::vector<std::string>& names, uint32_t max_chunk_bytes = 0);
+
+ private:
+  struct Rpc;  // channel + stub
+  ExtractorClientOptions options_;
+  std::unique_ptr<Rpc> rpc_;
+};
+
+}  // namespace specwire
