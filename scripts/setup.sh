@@ -44,6 +44,14 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   "$VENV/bin/pip" install -q --no-deps dflash==0.1.0
   echo "$want" > "$STAMP"
 fi
+# The Python client, editable; its gRPC stubs are generated from proto/ at install time, so it is
+# reinstalled whenever a .proto is newer than them (its dependencies are pinned above).
+stubs=clients/python/specwire_client/_generated/proto/specwire/v1/extractor_pb2.py
+if [ ! -f "$stubs" ] || [ -n "$(find proto -name '*.proto' -newer "$stubs")" ] ||
+   ! "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("specwire_client") is None)'; then
+  log "installing the Python client (clients/python)"
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e clients/python
+fi
 
 [ "${SPECWIRE_SKIP_BUILD:-0}" = 1 ] && exit 0
 

@@ -1,0 +1,30 @@
+"""specwire-client: the Python client of the specwire extractor.
+
+    ExtractorClient   the Extractor API; every stream checked (contract, crc32c, convention,
+                      trailer) and rebuilt into torch tensors
+    FeatureDataset    a torch IterableDataset streaming training features, with prefetch,
+                      DataLoader worker sharding and reconnect-with-backoff
+    Contract, ContractExpectation
+                      the extraction contract and the checks a consumer makes against it
+    ExtractorError    every error (ContractMismatch, IncompleteStream, CorruptStream below it)
+
+State names: "layer.k" is the output of decoder layer k = transformers' hidden_states[k + 1];
+"embedding" = hidden_states[0]; "final_norm" = hidden_states[num_layers].
+"""
+from ._stubs import pb as extractor_pb2
+from ._stubs import pb_grpc as extractor_pb2_grpc
+from .client import (ExtractorClient, GenerateResult, SequenceStates, StreamResult,
+                     channel_target, wire_dtype)
+from .contract import Contract, ContractExpectation, SkippedTensors
+from .crc32c import crc32c
+from .dataset import FeatureDataset
+from .errors import ContractMismatch, CorruptStream, ExtractorError, IncompleteStream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
+    "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "SequenceStates",
+    "SkippedTensors", "StreamResult", "channel_target", "crc32c", "extractor_pb2",
+    "extractor_pb2_grpc", "wire_dtype",
+]

@@ -1,0 +1,108 @@
+"""Tensors through the server and the Python client are bit-identical to the in-process engine
+(specwire-extract), for the same checkpoint, compute dtype, wire dtype and sequences.
+
+Both run their sequences as one right-padded batch, so the same request composition is compared.
+The server does not promise bit-identity across batch compositions (see
+test_batch_composition_changes_low_bits): libtorch's CPU kernels pick their blocking from the
+padded shape.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from extractor_harness import cli_extract, random_sequences
+
+from specwire_client import ExtractorClient
+
+LAYERS = [0, 1, 2]
+SEQUENCES = random_sequences([5, 17, 33, 9, 24], seed=1)
+
+# (server compute dtype, wire dtype asked of the server, CLI --out-dtype, expected torch dtype)
+CASES = [
+    ("float32", "fp32", "float32", torch.float32),
+    ("float32", "bf16", "bfloat16", torch.bfloat16),
+    ("bfloat16", "bf16", "bfloat16", torch.bfloat16),
+    ("bfloat16", "fp32", "float32", torch.float32),
+]
+
+
+@pytest.fixture(scope="module")
+def servers(server_factory, checkpoint, fp32_server):
+    return {"float32": fp32_server,
+            "bfloat16": server_factory(checkpoint, dtype="bfloat16", metrics=False)}
+
+
+def first_difference(name: str, got: torch.Tensor, ref: torch.Tensor) -> str:
+    diff = got.float() != ref.float()
+    d = (got.float() - ref.float()).abs().max().item()
+    return f"{name}: {int(diff.sum())}/{ref.numel()} elements differ, max |diff| {d:.3e}"
+
+
+@pytest.mark.parametrize("compute,wire,out_dtype,torch_dtype", CASES,
+                         ids=[f"{c}-wire_{w}" for c, w, _, _ in CASES])
+def test_client_matches_offline_engine_bit_for_bit(servers, checkpoint, tmp_path, compute, wire,
+                                                   out_dtype, torch_dtype):
+    ref, meta = cli_extract(checkpoint, SEQUENCES, tmp_path / "ref.safetensors", dtype=compute,
+                            out_dtype=out_dtype, layers=LAYERS)
+    with ExtractorClient(servers[compute].address, timeout=60) as c:
+        # Small chunks: every state arrives in several pieces and is rebuilt by the client.
+        res = c.extract_stream(SEQUENCES, LAYERS, embedding=True, final_norm=True, dtype=wire,
+                               max_chunk_bytes=1000)
+    assert res.contract.weights_digest == meta["contract"]["weights_digest"]
+    assert res.contract.compute_dtype == meta["contract"]["compute_dtype"] == compute
+    assert res.trailer.chunks > len(SEQUENCES) * (len(LAYERS) + 2)  # really chunked
+    problems = []
+    for i, states in enumerate(res.sequences):
+        assert states.token_ids == SEQUENCES[i]
+        assert list(states) == ["embedding"] + [f"layer.{k}" for k in LAYERS] + ["final_norm"]
+        for name, got in states.items():
+            want = ref[f"seq.{i}.{name}"]
+            assert got.dtype == torch_dtype and got.shape == (len(SEQUENCES[i]), 64)
+            if not torch.equal(got, want):
+                problems.append(f"seq {i} " + first_difference(name, got, want))
+    assert not problems, "\n".join(problems)
+
+
+def test_generate_states_match_extract_of_the_trajectory(client):
+    """Generate's states are those of prompt + completion, as Extract gives them."""
+    prompt = random_sequences([6], seed=2)[0]
+    [g] = client.generate([prompt], 7, ignore_model_eos=True, layer_ids=[2, 0], final_norm=True,
+                          dtype="fp32")
+    assert g.prompt_ids == prompt and len(g.completion_ids) == 7
+    assert g.finish_reason == "max_new_tokens"
+    [e] = client.extract([g.token_ids], [2, 0], final_norm=True, dtype="fp32")
+    assert list(g.states) == ["layer.2", "layer.0", "final_norm"]
+    for name in e:
+        assert g.states[name].shape == (13, 64)
+        assert torch.equal(g.states[name], e[name]), name
+
+
+@pytest.mark.xfail(reason="known (reported): values of a sequence depend on the padded batch it "
+                          "runs in, in the last bits: fp32 ~2e-8 abs / 3e-7 rel once batch x "
+                          "padded length >= 12 rows, bf16 1 ulp once padded length >= 16",
+                   strict=False)
+def test_batch_composition_changes_low_bits(servers):
+    """The same sequence alone and padded in a batch with a longer one gives identical states.
+
+    Measured on this machine (qwen3 tiny, 3 layers, hidden 64), sequence A of 9 tokens alone vs
+    [A, B] with len(B) = 16: fp32 compute: layer.0 410/576 elements differ (max 1.9e-8),
+    layer.2 466/576 (4.5e-8), final_norm 455/576 (9.5e-7); bf16 compute: layer.0 48/576
+    (2.4e-4 = 1 ulp), layer.2 285/576 (9.8e-4), final_norm 285/576 (1.6e-2 = 1 ulp).
+    """
+    a, longer = random_sequences([9, 16], seed=3)
+    problems = []
+    for compute, server in servers.items():
+        with ExtractorClient(server.address, timeout=60) as c:
+            alone = c.extract([a], LAYERS, final_norm=True, dtype="fp32")[0]
+            batched = c.extract([a, longer], LAYERS, final_norm=True, dtype="fp32")[0]
+        problems += [f"{compute} " + first_difference(n, batched[n], alone[n])
+                     for n in alone if not torch.equal(alone[n], batched[n])]
+    assert not problems, "\n".join(problems)
+
+
+def test_same_request_twice_is_deterministic(client):
+    seqs = random_sequences([4, 11], seed=4)
+    one = client.extract(seqs, [1], dtype="fp32")
+    two = client.extract(seqs, [1], dtype="fp32")
+    for x, y in zip(one, two):
+        assert torch.equal(x["layer.1"], y["layer.1"])

@@ -1,0 +1,343 @@
+"""Many clients at once, cancellation, admission control, deadlines and graceful shutdown, on
+real servers. The long-running work is a greedy Generate of thousands of tokens on the tiny model
+(~3 ms per token on one thread), so a request that does not get stopped is seconds long."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import torch
+from extractor_harness import metric_value, random_sequences
+
+from specwire_client import ExtractorClient, ExtractorError, extractor_pb2 as pb
+
+LONG_GENERATE = 4000  # tokens: > 10 s unless stopped
+
+
+def long_generate(stub, request_id: str = "long") -> grpc.Call:
+    """A raw Generate stream that runs for many seconds unless cancelled."""
+    req = pb.GenerateRequest(prompts=[pb.SequenceInput(tokens=pb.TokenIds(ids=[1, 2, 3]))],
+                             max_new_tokens=LONG_GENERATE, ignore_model_eos=True,
+                             request_id=request_id)
+    return stub.Generate(req, timeout=120)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# --- many clients --------------------------------------------------------------------------------
+
+def _workload(thread: int) -> list[tuple]:
+    """Three requests per thread, different in kind, lengths, layers and dtypes."""
+    seqs = random_sequences([3 + thread, 20 - thread, 7 + 2 * thread], seed=100 + thread)
+    layers = [[0], [2, 1], [0, 1, 2]][thread % 3]
+    dtype = "fp32" if thread % 2 else "bf16"
+    return [
+        ("extract", dict(sequences=seqs, layer_ids=layers, dtype=dtype,
+                         final_norm=thread % 3 == 0, max_chunk_bytes=512 + 97 * thread)),
+        ("generate", dict(prompts=[seqs[0]], max_new_tokens=4 + thread, ignore_model_eos=True,
+                          layer_ids=layers, embedding=thread % 2 == 0, dtype=dtype)),
+        ("extract", dict(sequences=seqs[1:], layer_ids=[2], embedding=True, dtype=dtype)),
+    ]
+
+
+def _run(c: ExtractorClient, kind: str, kw: dict):
+    if kind == "extract":
+        return [dict(s) for s in c.extract(**kw)]
+    return [(g.completion_ids, g.finish_reason, g.states) for g in c.generate(**kw)]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_concurrent_clients_get_their_own_exact_data(server_factory, checkpoint):
+    """8 threads, each with its own channel, mixed Extract and Generate: every result equals the
+    same request run alone. --max_batch_tokens=1 keeps each request in a forward pass of its own
+    (values depend on the padded batch in the last bits; see test_service_bits), so any
+    difference here would be corruption or cross-talk between streams."""
+    server = server_factory(checkpoint, metrics=False, args=("--max_batch_tokens=1",))
+    work = {t: _workload(t) for t in range(8)}
+    with ExtractorClient(server.address, timeout=60) as c:
+        alone = {t: [_run(c, kind, kw) for kind, kw in reqs] for t, reqs in work.items()}
+
+    barrier = threading.Barrier(8)
+
+    def thread_main(t: int):
+        with ExtractorClient(server.address, timeout=60) as c:
+            c.wait_ready()
+            barrier.wait()
+            return [_run(c, kind, kw) for kind, kw in work[t] * 2]
+
+    with ThreadPoolExecutor(8) as pool:
+        together = dict(zip(work, pool.map(thread_main, work)))
+    for t in work:
+        for i, got in enumerate(together[t]):
+            assert _same(got, alone[t][i % 3]), f"thread {t} request {i} differs"
+
+
+def test_cobatched_requests_are_routed_correctly(server_factory, checkpoint):
+    """The same 8-thread load on a server that batches requests together (the default): each
+    request gets its own sequences, states and dtype. Values are compared with a tolerance of
+    the size the padded batch can change them by (fp32 ~1e-7 relative, bf16 one rounding
+    step), which is far below what a mix-up would show; the exact comparison is the test above."""
+    server = server_factory(checkpoint)
+    work = {t: _workload(t) for t in range(8)}
+    with ExtractorClient(server.address, timeout=60) as c:
+        alone = {t: [_run(c, kind, kw) for kind, kw in reqs] for t, reqs in work.items()}
+    before = metric_value(server.metrics(), "specwire_extractor_batch_requests_bucket", le="1")
+    barrier = threading.Barrier(8)
+
+    def thread_main(t: int):
+        with ExtractorClient(server.address, timeout=60) as c:
+            c.wait_ready()
+            barrier.wait()
+            return [_run(c, kind, kw) for kind, kw in work[t] * 3]
+
+    with ThreadPoolExecutor(8) as pool:
+        together = dict(zip(work, pool.map(thread_main, work)))
+    text = server.metrics()
+    batches = metric_value(text, "specwire_extractor_batch_requests_count")
+    single = metric_value(text, "specwire_extractor_batch_requests_bucket", le="1")
+    assert batches - single >= 1, "no two requests ran in one batch: nothing was tested"
+    assert single >= before
+    for t in work:
+        for i, got in enumerate(together[t]):
+            _close(got, alone[t][i % 3], f"thread {t} request {i}")
+
+
+def _close(a, b, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        tol = dict(rtol=8e-3, atol=1e-3) if a.dtype == torch.bfloat16 else dict(rtol=1e-5,
+                                                                                 atol=1e-6)
+        torch.testing.assert_close(a, b, **tol, msg=where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where} {k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for x, y in zip(a, b):
+            _close(x, y, where)
+    else:
+        assert a == b, where
+
+
+# --- cancellation --------------------------------------------------------------------------------
+
+def test_cancelled_stream_frees_the_worker(server_factory, checkpoint):
+    server = server_factory(checkpoint)
+    with ExtractorClient(server.address, timeout=30) as c:
+        call = long_generate(c.stub)
+        first = next(call)
+        assert first.WhichOneof("message") == "contract"
+        wait_for(lambda: _active_streams(server) == 1, 5, "the Generate stream to be open")
+        call.cancel()
+        t0 = time.monotonic()
+        out = c.extract([[5, 6, 7]], [1], dtype="fp32", timeout=10)
+        elapsed = time.monotonic() - t0
+        assert out[0]["layer.1"].shape == (3, 64)
+        assert elapsed < 3.0, f"Extract after a cancelled Generate took {elapsed:.2f} s"
+        wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_requests_total",
+                                      method="Generate", code="CANCELLED") == 1,
+                 5, "requests_total{method=Generate,code=CANCELLED}")
+        text = server.metrics()
+        assert metric_value(text, "specwire_extractor_requests_total", method="Generate",
+                            code="OK") == 0
+        assert _active_streams(server) == 0
+
+
+def test_client_that_stops_reading_is_cancelled(server_factory, checkpoint):
+    """Leaving a stream half-read (closing the channel) cancels it on the server too."""
+    server = server_factory(checkpoint)
+    c = ExtractorClient(server.address, timeout=30)
+    call = long_generate(c.stub)
+    next(call)
+    c.close()
+    with ExtractorClient(server.address, timeout=30) as c2:
+        t0 = time.monotonic()
+        c2.extract([[1, 2]], [0], timeout=10)
+        assert time.monotonic() - t0 < 3.0
+    wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_requests_total",
+                                  method="Generate", code="CANCELLED") == 1, 5, "CANCELLED")
+
+
+# --- admission control ---------------------------------------------------------------------------
+
+def test_queue_full_is_resource_exhausted(server_factory, checkpoint):
+    """--max_queue=1: one request runs, one waits, the others are refused at once."""
+    server = server_factory(checkpoint, metrics=False,
+                            args=("--max_queue=1", "--max_concurrent_streams=100"))
+    with ExtractorClient(server.address, timeout=30) as c:
+        calls = []
+        outcomes: dict[int, object] = {}
+
+        def consume(i: int, call) -> None:
+            try:
+                for _ in call:
+                    pass
+                outcomes[i] = "OK"
+            except grpc.RpcError as e:
+                outcomes[i] = (e.code(), e.details(), time.monotonic())
+
+        threads = []
+        t0 = time.monotonic()
+        for i in range(5):
+            call = long_generate(c.stub, f"long-{i}")
+            calls.append(call)
+            threads.append(threading.Thread(target=consume, args=(i, call)))
+            threads[-1].start()
+            time.sleep(0.2)  # the first is running before the second arrives
+        wait_for(lambda: len(outcomes) >= 3, 5, "three refusals")
+        refused = {i: o for i, o in outcomes.items() if isinstance(o, tuple)}
+        assert sorted(refused) == [2, 3, 4], outcomes
+        for code, details, when in refused.values():
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "queue is full" in details
+            assert when - t0 < 3.0
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1]], [0])
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for call in calls:
+            call.cancel()
+        for t in threads:
+            t.join(timeout=10)
+        wait_for(lambda: _extract_ok(c), 5, "the server to take requests again")
+
+
+def _active_streams(server) -> float:
+    return metric_value(server.metrics(), "specwire_extractor_active_streams")
+
+
+def _extract_ok(c: ExtractorClient) -> bool:
+    try:
+        c.extract([[1, 2]], [0], timeout=2)
+        return True
+    except ExtractorError:
+        return False
+
+
+def test_too_many_streams_is_resource_exhausted(server_factory, checkpoint):
+    server = server_factory(checkpoint, metrics=False, args=("--max_concurrent_streams=1",))
+    with ExtractorClient(server.address, timeout=30) as c:
+        call = long_generate(c.stub)
+        next(call)
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1]], [0])
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max_concurrent_streams" in info.value.details
+        call.cancel()
+        wait_for(lambda: _extract_ok(c), 5, "the stream slot to be released")
+
+
+# --- deadlines -----------------------------------------------------------------------------------
+
+def test_deadline_exceeded_and_the_server_keeps_serving(server_factory, checkpoint):
+    server = server_factory(checkpoint)
+    with ExtractorClient(server.address, timeout=30) as c:
+        c.wait_ready()
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1, 2, 3]] * 8, [0, 1, 2], timeout=0.001)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        # A deadline that passes while the request waits behind a long Generate.
+        call = long_generate(c.stub)
+        next(call)
+        t0 = time.monotonic()
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1, 2, 3]], [0], timeout=0.5)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - t0 < 2.0
+        with pytest.raises(ExtractorError) as info:
+            c.generate([[4, 5]], 3, timeout=0.3)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        call.cancel()
+        out = c.extract([[1, 2, 3]], [0], dtype="fp32", timeout=10)
+        assert out[0]["layer.0"].shape == (3, 64)
+        [g] = c.generate([[4, 5]], 3, ignore_model_eos=True, timeout=10)
+        assert len(g.completion_ids) == 3
+    # Counted, as DEADLINE_EXCEEDED or (see the next test) CANCELLED.
+    wait_for(lambda: sum(metric_value(server.metrics(), "specwire_extractor_requests_total",
+                                      method="Extract", code=code)
+                         for code in ("DEADLINE_EXCEEDED", "CANCELLED")) >= 2, 10,
+             "the timed-out requests to be counted")
+
+
+@pytest.mark.xfail(reason="known (reported): a request whose deadline passes is counted as "
+                          "code=CANCELLED in specwire_extractor_requests_total (OnCancel marks "
+                          "the job cancelled, and the scheduler reports that first)", strict=False)
+def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
+    server = server_factory(checkpoint)
+    with ExtractorClient(server.address, timeout=30) as c:
+        call = long_generate(c.stub)
+        next(call)
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1, 2, 3]], [0], timeout=0.3)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        call.cancel()
+        wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_requests_total",
+                                      method="Generate", code="CANCELLED") == 1, 10, "the cancel")
+        text = server.metrics()
+        assert metric_value(text, "specwire_extractor_requests_total", method="Extract",
+                            code="DEADLINE_EXCEEDED") == 1, [
+            line for line in text.splitlines() if line.startswith("specwire_extractor_requests")]
+
+
+# --- graceful shutdown ---------------------------------------------------------------------------
+
+def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
+    """SIGTERM: a running Generate and an Extract queued behind it both finish OK with their
+    trailers; a request sent after SIGTERM is refused; then the process exits 0."""
+    server = server_factory(checkpoint)
+    prompt = random_sequences([4], seed=7)[0]
+    seqs = random_sequences([6, 9], seed=8)
+    results: dict[str, object] = {}
+    with ExtractorClient(server.address, timeout=60) as c:
+        c.wait_ready()
+
+        def run(name, fn):
+            try:
+                results[name] = fn()
+            except Exception as e:  # noqa: BLE001 - recorded and asserted below
+                results[name] = e
+
+        gen = threading.Thread(target=run, args=("generate", lambda: c.generate(
+            [prompt], 600, ignore_model_eos=True, layer_ids=[1], dtype="fp32")))
+        gen.start()
+        wait_for(lambda: _active_streams(server) == 1, 5, "the Generate to start")
+        ext = threading.Thread(target=run, args=("extract", lambda: c.extract_stream(
+            seqs, [0, 2], dtype="fp32")))
+        ext.start()
+        wait_for(lambda: _active_streams(server) == 2, 5, "the Extract to be queued")
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: "draining" in server.log(), 5, "the server to start draining")
+        with pytest.raises(ExtractorError) as info:
+            c.extract([[1, 2]], [0], timeout=10)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        gen.join(timeout=60)
+        ext.join(timeout=60)
+    assert not isinstance(results["generate"], Exception), results["generate"]
+    assert not isinstance(results["extract"], Exception), results["extract"]
+    [g] = results["generate"]
+    assert len(g.completion_ids) == 600 and g.states["layer.1"].shape == (604, 64)
+    res = results["extract"]
+    assert res.trailer.sequences == 2 and [s["layer.2"].shape[0] for s in res.sequences] == [6, 9]
+    assert server.proc.wait(timeout=30) == 0
+    assert "stopped" in server.log()
+
