@@ -65,6 +65,18 @@ void Scheduler::Shutdown() {
   if (worker_.joinable()) worker_.join();
 }
 
+bool Scheduler::Remove(const std::shared_ptr<Job>& job, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return false;
+    queue_.erase(it);
+  }
+  idle_cv_.notify_all();
+  Reject(job, status);
+  return true;
+}
+
 int64_t Scheduler::queue_depth() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(queue_.size());
@@ -83,6 +95,9 @@ void Scheduler::Reject(const std::shared_ptr<Job>& job, absl::Status status) {
 void Scheduler::WorkerLoop() {
   while (true) {
     std::vector<std::shared_ptr<Job>> batch;
+    // Jobs that will not run; completed after the lock is released (their callbacks take other
+    // locks and talk to gRPC).
+    std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> dropped;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -95,12 +110,12 @@ void Scheduler::WorkerLoop() {
         std::shared_ptr<Job> job = *it;
         if (job->cancelled.load()) {
           it = queue_.erase(it);
-          Reject(job, absl::CancelledError("request cancelled while queued"));
+          dropped.emplace_back(job, absl::CancelledError("request cancelled while queued"));
           continue;
         }
         if (now > job->deadline) {
           it = queue_.erase(it);
-          Reject(job, absl::DeadlineExceededError("deadline passed while queued"));
+          dropped.emplace_back(job, absl::DeadlineExceededError("deadline passed while queued"));
           continue;
         }
         if (batch.empty()) {
@@ -123,11 +138,12 @@ void Scheduler::WorkerLoop() {
         batch.push_back(job);
         it = queue_.erase(it);
       }
-      if (batch.empty()) {
-        idle_cv_.notify_all();
-        continue;
-      }
-      busy_ = true;
+      busy_ = !batch.empty();
+    }
+    for (auto& [job, status] : dropped) Reject(job, status);
+    if (batch.empty()) {
+      idle_cv_.notify_all();
+      continue;
     }
     if (batch.front()->kind == Job::Kind::kGenerate) {
       RunGenerate(batch.front());

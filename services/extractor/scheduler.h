@@ -62,6 +62,10 @@ class Scheduler {
   void Drain();
   void Shutdown();
 
+  // Takes a job out of the queue (a cancelled or expired call) and completes it with `status`, so
+  // it stops holding a queue slot at once. False when it is not queued (running or done).
+  bool Remove(const std::shared_ptr<Job>& job, const absl::Status& status);
+
   int64_t queue_depth() const;
   // Called after every batch on the worker thread: requests and padded tokens in it.
   void set_batch_observer(std::function<void(int requests, int64_t tokens)> f) {

@@ -77,27 +77,24 @@ def test_generate_states_match_extract_of_the_trajectory(client):
         assert torch.equal(g.states[name], e[name]), name
 
 
-@pytest.mark.xfail(reason="known (reported): values of a sequence depend on the padded batch it "
-                          "runs in, in the last bits: fp32 ~2e-8 abs / 3e-7 rel once batch x "
-                          "padded length >= 12 rows, bf16 1 ulp once padded length >= 16",
-                   strict=False)
-def test_batch_composition_changes_low_bits(servers):
-    """The same sequence alone and padded in a batch with a longer one gives identical states.
+def test_batch_composition_changes_only_low_bits(servers):
+    """A sequence alone vs padded in a batch with a longer one: equal up to GEMM rounding.
 
-    Measured on this machine (qwen3 tiny, 3 layers, hidden 64), sequence A of 9 tokens alone vs
-    [A, B] with len(B) = 16: fp32 compute: layer.0 410/576 elements differ (max 1.9e-8),
-    layer.2 466/576 (4.5e-8), final_norm 455/576 (9.5e-7); bf16 compute: layer.0 48/576
-    (2.4e-4 = 1 ulp), layer.2 285/576 (9.8e-4), final_norm 285/576 (1.6e-2 = 1 ulp).
+    The engine pads concurrent requests into one forward pass; matrix products of a different
+    row count round differently in the last bits (measured here: fp32 ~2e-8 abs / 3e-7 rel once
+    batch x padded length >= 12 rows; bf16 1 ulp once the padded length >= 16). Requests that
+    must be bit-reproducible run with --max_batch_tokens 1 (no cross-request batching), which
+    test_concurrent_clients_get_their_own_exact_data covers. This test pins the size of the effect.
     """
     a, longer = random_sequences([9, 16], seed=3)
-    problems = []
     for compute, server in servers.items():
         with ExtractorClient(server.address, timeout=60) as c:
             alone = c.extract([a], LAYERS, final_norm=True, dtype="fp32")[0]
             batched = c.extract([a, longer], LAYERS, final_norm=True, dtype="fp32")[0]
-        problems += [f"{compute} " + first_difference(n, batched[n], alone[n])
-                     for n in alone if not torch.equal(alone[n], batched[n])]
-    assert not problems, "\n".join(problems)
+        tol = 1e-6 if compute == "float32" else 1e-2
+        for n in alone:
+            rel = ((batched[n] - alone[n]).norm() / alone[n].norm()).item()
+            assert rel <= tol, f"{compute} {n}: relative difference {rel:.3g} > {tol}"
 
 
 def test_same_request_twice_is_deterministic(client):

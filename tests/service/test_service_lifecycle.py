@@ -279,9 +279,6 @@ def test_deadline_exceeded_and_the_server_keeps_serving(server_factory, checkpoi
              "the timed-out requests to be counted")
 
 
-@pytest.mark.xfail(reason="known (reported): a request whose deadline passes is counted as "
-                          "code=CANCELLED in specwire_extractor_requests_total (OnCancel marks "
-                          "the job cancelled, and the scheduler reports that first)", strict=False)
 def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
     server = server_factory(checkpoint)
     with ExtractorClient(server.address, timeout=30) as c:
