@@ -22,8 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import transformers
+# libgomp threads spin at barriers by default; on a shared 2-core machine a spinning team starves
+# the other thread and timings swing by several x. Both sides run with the same passive policy
+# (set before torch loads libgomp; the specwire subprocess inherits it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +85,7 @@ def main() -> int:
     path = build_model(Path(args.cache_dir))
     n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(path).parameters())
     print(f"model: qwen3 {n_params / 1e6:.0f}M params, threads={args.threads}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}")
+          f"transformers {transformers.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
 
     rows = []
     for dtype_name in args.dtypes.split(","):

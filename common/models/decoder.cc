@@ -1,6 +1,10 @@
 #include "common/models/decoder.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "common/models/rope.h"
 
@@ -26,6 +30,71 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, NormKin
   }
   // Qwen3.5: (1 + w) in fp32, one rounding at the end.
   return (normed * (1.0 + w.to(at::kFloat))).to(in_dtype);
+}
+
+namespace {
+
+// y = w * bf16/fp32(x * rsqrt(mean(x^2) + eps)), rows of length `dim` at `x + r * row_stride`.
+template <typename T>
+void RmsNormRows(const T* x, const int64_t* row_offsets, const T* w, T* out, int64_t rows,
+                 int64_t dim, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(dim);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + row_offsets[r];
+      float sum = 0;
+      for (int64_t i = 0; i < dim; ++i) {
+        buf[i] = static_cast<float>(xr[i]);
+        sum += buf[i] * buf[i];
+      }
+      const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+      T* o = out + r * dim;
+      for (int64_t i = 0; i < dim; ++i) {
+        // Round the normalised value to T first, then multiply by the weight in T: the
+        // rounding points of transformers' `weight * hidden.to(input_dtype)`.
+        const T h = static_cast<T>(buf[i] * rstd);
+        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor RmsNormFused(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const auto t = x.scalar_type();
+  if (!x.device().is_cpu() || (t != at::kFloat && t != at::kBFloat16) || w.scalar_type() != t ||
+      x.stride(-1) != 1 || !w.is_contiguous()) {
+    return RmsNorm(x, w, eps, NormKind::kPlain);
+  }
+  const int64_t dim = x.size(-1);
+  const int64_t rows = x.numel() / dim;
+  // Row start offsets (elements) for any strides of the leading dimensions: q/k are views into a
+  // fused projection, so their rows are not evenly spaced.
+  std::vector<int64_t> offsets(rows);
+  {
+    const int64_t nd = x.dim() - 1;
+    std::vector<int64_t> idx(nd, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t off = 0;
+      for (int64_t d = 0; d < nd; ++d) off += idx[d] * x.stride(d);
+      offsets[r] = off;
+      for (int64_t d = nd - 1; d >= 0; --d) {
+        if (++idx[d] < x.size(d)) break;
+        idx[d] = 0;
+      }
+    }
+  }
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (t == at::kFloat) {
+    RmsNormRows<float>(x.data_ptr<float>(), offsets.data(), w.data_ptr<float>(),
+                       out.data_ptr<float>(), rows, dim, static_cast<float>(eps));
+  } else {
+    RmsNormRows<at::BFloat16>(x.data_ptr<at::BFloat16>(), offsets.data(),
+                              w.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, dim,
+                              static_cast<float>(eps));
+  }
+  return out;
 }
 
 DecoderModel::DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,

@@ -110,6 +110,13 @@ enum class NormKind {
 // RMSNorm exactly as transformers rounds it. x: [..., dim]; w: [dim].
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, NormKind kind);
 
+// The same NormKind::kPlain math and rounding points in one pass over each row (CPU, float32 and
+// bfloat16; other cases fall back to RmsNorm). The only difference from transformers is the
+// order in which a row's squares are summed, so results agree to fp32 rounding of the mean
+// (bf16 outputs may differ by one ulp where that flips a rounding). About 4x faster than the
+// six-kernel composite on a 2-core CPU, where norms are ~15 % of a layer in bf16.
+at::Tensor RmsNormFused(const at::Tensor& x, const at::Tensor& w, double eps);
+
 class DecoderModel {
  public:
   DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,

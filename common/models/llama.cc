@@ -80,15 +80,15 @@ at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext&
                                       LayerCache* cache) {
   const int64_t B = h.size(0), T = h.size(1);
   // --- attention block ---
-  at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kPlain);                 // [B, T, H]
+  at::Tensor n = RmsNormFused(h, input_norm_, eps_);                 // [B, T, H]
   at::Tensor qkv = at::linear(n, qkv_w_, qkv_b_);                                 // [B, T, (Hq+2Hkv)*D]
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   at::Tensor q = qkv.narrow(-1, 0, q_out).view({B, T, heads_, head_dim_});
   at::Tensor k = qkv.narrow(-1, q_out, kv_out).view({B, T, kv_heads_, head_dim_});
   at::Tensor v = qkv.narrow(-1, q_out + kv_out, kv_out).view({B, T, kv_heads_, head_dim_});
   if (qk_norm_) {
-    q = RmsNorm(q, q_norm_, eps_, NormKind::kPlain);
-    k = RmsNorm(k, k_norm_, eps_, NormKind::kPlain);
+    q = RmsNormFused(q, q_norm_, eps_);
+    k = RmsNormFused(k, k_norm_, eps_);
   }
   q = q.transpose(1, 2);  // [B, Hq, T, D]
   k = k.transpose(1, 2);  // [B, Hkv, T, D]
@@ -101,9 +101,13 @@ at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext&
   at::Tensor out = h + at::linear(attn, o_w_, o_b_);  // a new tensor: `h` may be a captured state
 
   // --- MLP block ---
-  at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kPlain);
+  at::Tensor m = RmsNormFused(out, post_norm_, eps_);
   at::Tensor gu = at::linear(m, gate_up_w_, gate_up_b_);  // [B, T, 2I]
-  at::Tensor act = at::silu(gu.narrow(-1, 0, intermediate_)) * gu.narrow(-1, intermediate_, intermediate_);
+  // silu(gate) * up, written in place over the gate half (same roundings as two out-of-place
+  // ops); down_proj reads it through its row stride, without a copy.
+  at::Tensor act = gu.narrow(-1, 0, intermediate_);
+  at::silu_(act);
+  act.mul_(gu.narrow(-1, intermediate_, intermediate_));
   out.add_(at::linear(act, down_w_, down_b_));
   return out;
 }
