@@ -11,7 +11,13 @@ What is timed (medians over alternating rounds):
   ours          specwire-replay's in-process time of the replay alone (timing.replay_seconds):
                 context appends (fc, hidden_norm, context K/V), every draft forward, lm_head,
                 argmax and the acceptance bookkeeping. Target generation and feature extraction
-                are outside the timer (they are the extractor's job).
+                are outside the timer (they are the extractor's job). Default settings: the
+                responses replayed in lockstep (one forward for all their blocks, --batch 16),
+                lm_head rows computed until each block's first mismatch.
+  ours-seq      the same, one response at a time (--batch 1).
+  ours-plain    one response at a time and all B-1 rows of logits per block (--batch 1
+                --full-logits): the same arithmetic as dflash's loop, so this column measures
+                only the implementation (C++ / libtorch ops vs Python / nn.Module).
   dflash-draft  inside dflash_generate, only the drafting operations: the block embedding
                 (_raw_input_embeddings), DFlashDraftModel.forward (context fc + layers), the
                 draft-cache crop and compute_logits (the argmax is left out).
@@ -34,8 +40,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import transformers
+# libgomp threads spin at barriers by default; on a shared 2-core machine a spinning team starves
+# the other thread and timings swing by several x. Both sides run with the same passive policy
+# (set before torch loads libgomp; specwire-replay inherits it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "parity"))
@@ -140,11 +151,15 @@ def run_dflash(drafter, target, timer: DflashTimer, prompts, max_new: int):
     return steps, timer.draft, total - timer.target, trajectories
 
 
+VARIANTS = {"ours": [], "ours-seq": ["--batch", "1"],
+            "ours-plain": ["--batch", "1", "--full-logits"]}
+
+
 def run_ours(exe: Path, target_dir: Path, drafter_dir: Path, traj_file: Path, max_new: int,
-             threads: int, repeat: int) -> tuple[int, float]:
+             threads: int, repeat: int, extra: list[str]) -> tuple[int, float]:
     cmd = [str(exe), "--drafter", str(drafter_dir), "--target", str(target_dir),
            "--trajectories-file", str(traj_file), "--max-new-tokens", str(max_new),
-           "--ddtree", "none", "--threads", str(threads), "--repeat", str(repeat)]
+           "--ddtree", "none", "--threads", str(threads), "--repeat", str(repeat)] + extra
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr}")
@@ -183,31 +198,38 @@ def main() -> None:
             steps, _, _, trajectories = run_dflash(drafter, target, timer, prompts, max_new)  # warm-up
             traj_file = args.cache_dir / size / "trajectories.json"
             traj_file.write_text(json.dumps(trajectories))
-            d_draft, d_loop, o_time = [], [], []
+            d_draft, d_loop = [], []
+            o_time: dict[str, list[float]] = {v: [] for v in VARIANTS}
             for _ in range(args.rounds):
                 s, draft_s, loop_s, _ = run_dflash(drafter, target, timer, prompts, max_new)
                 assert s == steps
                 d_draft.append(draft_s)
                 d_loop.append(loop_s)
-                blocks, seconds = run_ours(exe, target_dir, drafter_dir, traj_file, max_new,
-                                           threads, args.repeat)
-                if blocks != steps:
-                    raise SystemExit(f"{size}: specwire replayed {blocks} blocks, dflash drafted {steps}")
-                o_time.append(seconds)
-            ours = steps / statistics.median(o_time)
+                for variant, extra in VARIANTS.items():
+                    blocks, seconds = run_ours(exe, target_dir, drafter_dir, traj_file, max_new,
+                                               threads, args.repeat, extra)
+                    if blocks != steps:
+                        raise SystemExit(f"{size} {variant}: specwire replayed {blocks} blocks, "
+                                         f"dflash drafted {steps}")
+                    o_time[variant].append(seconds)
+            ours = {v: steps / statistics.median(t) for v, t in o_time.items()}
             draft = steps / statistics.median(d_draft)
             loop = steps / statistics.median(d_loop)
             rows.append((size, threads, steps, ours, draft, loop))
-            ratios.append(ours / draft)
+            ratios.append(ours["ours"] / draft)
 
-    print(f"{'size':<6} {'threads':>7} {'blocks':>6} {'ours blk/s':>11} {'dflash-draft':>13} "
-          f"{'dflash-loop':>12} {'ours/draft':>11} {'ours/loop':>10}")
+    print("blocks per second (higher is better)")
+    print(f"{'size':<6} {'threads':>7} {'blocks':>6} {'ours':>8} {'ours-seq':>9} {'ours-plain':>10} "
+          f"{'dflash-draft':>12} {'dflash-loop':>11} {'ours/draft':>10} {'plain/draft':>11}")
     for size, threads, steps, ours, draft, loop in rows:
-        print(f"{size:<6} {threads:>7} {steps:>6} {ours:>11.1f} {draft:>13.1f} {loop:>12.1f} "
-              f"{ours / draft:>11.2f} {ours / loop:>10.2f}")
+        print(f"{size:<6} {threads:>7} {steps:>6} {ours['ours']:>8.1f} {ours['ours-seq']:>9.1f} "
+              f"{ours['ours-plain']:>10.1f} {draft:>12.1f} {loop:>11.1f} "
+              f"{ours['ours'] / draft:>10.2f} {ours['ours-plain'] / draft:>11.2f}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{os.cpu_count()} CPUs; medians of {args.rounds} rounds; blocks = drafting steps "
-          f"(identical on both sides)")
+          f"{os.cpu_count()} CPUs, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; medians of "
+          f"{args.rounds} rounds; blocks = drafting steps (identical on both sides); "
+          f"specwire-replay --batch 16 (all {'/'.join(str(SIZES[s][3]) for s in SIZES)} responses "
+          f"in lockstep)")
     print(f"scorer_vs_dflash_ratio={statistics.median(ratios):.2f}")
 
 

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace specwire {
 
 // One response's replay.
@@ -34,17 +36,30 @@ struct AcceptanceSummary {
   int64_t steps = 0;
   double tau_mean_of_means = 0;  // dflash's τ
   double tau_pooled = 0;
-  std::vector<int64_t> histogram;              // index L-1 for length L, size B
-  std::vector<double> per_position_acceptance; // size B-1, conditional
+  std::vector<int64_t> histogram;               // index L-1 for length L, size B
+  std::vector<double> per_position_acceptance;  // size B-1, conditional
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> num_accepted_tokens_per_pos;  // size B-1
-  double acceptance_rate = 0;  // num_accepted_tokens / num_draft_tokens
+  double acceptance_rate = 0;                        // num_accepted_tokens / num_draft_tokens
   // DDTree budget → (τ mean of means, τ pooled).
   std::map<int32_t, std::pair<double, double>> ddtree_tau;
 };
 
+// Every step length must lie in [1, block_size] (the replay guarantees it; see
+// ValidateAcceptance for input from elsewhere). Responses without steps (the first completion
+// token was already a stop token) count in `responses` but not in the τ means, as in dflash's
+// benchmark where np.mean of an empty list is nan. Rates with a zero denominator are 0.
 AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, int32_t block_size);
+
+// INVALID_ARGUMENT naming the response, the list (DFlash or DDTree-N) and the step when a step
+// length lies outside [1, block_size] or block_size < 2.
+absl::Status ValidateAcceptance(const std::vector<ResponseAcceptance>& responses,
+                                int32_t block_size);
+
+// The summary as one JSON object (keys as the struct's fields; ddtree_tau as
+// {"<budget>": {"tau_mean_of_means": .., "tau_pooled": ..}}).
+std::string AcceptanceSummaryToJson(const AcceptanceSummary& summary);
 
 }  // namespace specwire

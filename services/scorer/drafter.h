@@ -1,11 +1,21 @@
 // The DFlash block-diffusion drafter (z-lab format) in libtorch, and its config.
 //
-// Architecture (shared notes dflash.md §a): target features of target_layer_ids are concatenated,
-// fused once by fc + hidden_norm into context rows; every drafter layer is a Qwen3 layer whose
-// attention takes queries from the block only and keys/values from [context rows ; block]
-// (k_norm and RoPE on context keys too). The block [anchor, MASK × (B−1)] is embedded with the
-// TARGET's embed_tokens; logits come from the TARGET's lm_head. The draft cache keeps the context
-// keys/values only (block K/V are discarded after each draft).
+// Architecture (shared notes dflash.md §a; oracle: dflash 0.1.0 `dflash/model.py`): target
+// features of target_layer_ids are concatenated, fused once by fc + hidden_norm into context rows;
+// every drafter layer is a Qwen3 layer whose attention takes queries from the block only and
+// keys/values from [context rows ; block] (k_norm and RoPE on context keys too, at the context
+// rows' absolute positions; block slot i sits at position start + i). The block
+// [anchor, MASK × (B−1)] is embedded with the TARGET's embed_tokens; logits come from the TARGET's
+// lm_head on the last B−1 positions. The draft cache keeps the context keys/values only: block
+// K/V are written past the cache's length and overwritten by the next context rows, which is
+// dflash's `past_key_values_draft.crop(start)`.
+//
+// Masks (dflash 0.1.0 `Qwen3DFlashAttention`): a layer is causal when config.json says
+// `is_causal: true`, or, without that key, when it is a sliding_attention layer; a sliding layer
+// also limits keys to `query_pos − key_pos < sliding_window` (and `key_pos − query_pos <
+// sliding_window` when it is not causal). Full, non-causal layers see every context row and the
+// whole block (bidirectional). Since context rows all lie before the block, "causal" only
+// restricts keys inside the block.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,53 +31,134 @@
 
 namespace specwire {
 
-struct DrafterConfig {
-  ModelConfig layers;               // the drafter's own Qwen3 layers (model_type qwen3)
-  int32_t block_size = 16;
-  int64_t num_target_layers = 0;
-  std::vector<int64_t> target_layer_ids;  // decoder-layer ids of the target (HF hidden_states[k+1])
-  int64_t mask_token_id = 0;
-  // dflash's newest semantics: `is_causal` from config.json when present; otherwise sliding
-  // layers are causal within the block and full layers bidirectional.
-  std::optional<bool> is_causal;
-  int64_t target_hidden_size() const;  // fc input width / number of target layers
+// YaRN RoPE (rope_type "yarn"), as transformers' _compute_yarn_parameters computes it. Not in
+// common/model_config.h's RopeConfig (targets do not use it yet); drafters for Qwen3.6 may.
+struct YarnRope {
+  double factor = 1.0;
+  // Scales cos and sin. From the config when given, else derived from factor (and mscale,
+  // mscale_all_dim when both are set), like transformers.
+  double attention_factor = 1.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  bool truncate = true;
+  bool operator==(const YarnRope&) const = default;
 };
 
-// Parses a drafter's config.json (INVALID_ARGUMENT naming the key on error).
+struct DrafterConfig {
+  // The drafter's own Qwen3 layers (model_type qwen3). rope.type is "default" when `yarn` is set
+  // (rope.theta still holds the base). sliding_window is 0 (no window) unless the config sets
+  // use_sliding_window: true and a sliding_window, as transformers' Qwen3Config does.
+  ModelConfig layers;
+  int32_t block_size = 16;
+  int64_t num_target_layers = 0;          // 0 when config.json does not say
+  std::vector<int64_t> target_layer_ids;  // decoder-layer ids of the target (HF hidden_states[k+1])
+  int64_t mask_token_id = 0;
+  // dflash's semantics: `is_causal` from config.json when present; otherwise sliding layers are
+  // causal within the block and full layers bidirectional.
+  std::optional<bool> is_causal;
+  std::optional<YarnRope> yarn;
+  // dflash_config extras (newer z-lab code; defaults are no-ops).
+  double input_embedding_scale = 1.0;
+  double output_multiplier = 1.0;
+  double final_logit_softcapping = 0.0;  // 0: none
+
+  // fc input width per target layer: dflash builds fc as Linear(len(ids) × hidden, hidden), so
+  // the target's hidden size must equal the drafter's.
+  int64_t target_hidden_size() const;
+  bool LayerIsCausal(int64_t layer) const;
+  int64_t LayerWindow(int64_t layer) const;  // 0: unlimited
+};
+
+// Parses a drafter's config.json (INVALID_ARGUMENT naming the key on error). dflash reads its
+// own keys from `dflash_config` first and from the top level second (`_draft_value`); so do we.
+// target_layer_ids defaults to dflash's build_target_layer_ids(num_target_layers,
+// num_hidden_layers).
 absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
                                                  const std::string& source = "config.json");
 
-// Per-request drafting state: context K/V of every layer for positions [0, context_len).
-class DraftCache;
+// dflash's default layer choice for a drafter without target_layer_ids (Python round():
+// half to even).
+std::vector<int64_t> BuildTargetLayerIds(int64_t num_target_layers, int64_t num_draft_layers);
+
+// Checks that a drafter fits a target: same hidden size, layer ids inside the target,
+// num_target_layers (when given) equal to the target's, mask token inside the vocabulary.
+// INVALID_ARGUMENT names both sides.
+absl::Status CheckDrafterFitsTarget(const DrafterConfig& drafter, const ModelConfig& target);
+
+// Per-request drafting state: context K/V of every layer for positions [0, length()), plus
+// scratch room for one block after them. Grows on demand. Owned by the caller; used with the
+// drafter that made it (one drafter serves any number of caches, from any threads, as long as
+// each cache is used by one thread at a time).
+class DraftCache {
+ public:
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  friend class DFlashDrafter;
+  int64_t length_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<at::Tensor> k_, v_;  // per layer [1, kv_heads, capacity, head_dim]
+};
 
 class DFlashDrafter {
  public:
-  // Loads config.json + *.safetensors from `dir` (fc, hidden_norm, norm, layers.*).
+  // Loads config.json + *.safetensors from `dir` (fc, hidden_norm, norm, layers.*). Every
+  // expected tensor must be there with its shape; any other tensor is an error naming it.
   static absl::StatusOr<std::unique_ptr<DFlashDrafter>> Load(const std::string& dir,
                                                              at::ScalarType dtype,
                                                              const at::Device& device);
   ~DFlashDrafter();
 
   const DrafterConfig& config() const;
+  at::ScalarType dtype() const;
+  const at::Device& device() const;
   // The target's embedding [V, H_target] and lm_head [V, H_target] (H_target == drafter hidden).
+  // The tensors are shared, not copied (converted only when dtype or device differ).
   absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head);
 
   std::unique_ptr<DraftCache> NewCache(int64_t capacity) const;
 
   // Appends context rows: features [n, num_target_layers_used × H] (target states of
   // target_layer_ids concatenated in that order) for positions [cache.length, cache.length + n).
-  void AppendContext(DraftCache& cache, const at::Tensor& features);
+  void AppendContext(DraftCache& cache, const at::Tensor& features) const;
+  // The same for several caches at once (one fc and one k/v projection for all their rows).
+  void AppendContext(const std::vector<DraftCache*>& caches,
+                     const std::vector<at::Tensor>& features) const;
 
-  // Drafts one block at positions [start, start + B) with block ids [anchor, MASK...], attending
-  // to the cached context (which must cover exactly [0, start)). Returns logits [B−1, V] for
-  // draft positions 1..B−1 (fp32).
-  at::Tensor DraftBlock(DraftCache& cache, int64_t anchor_token, int64_t start);
-  // The forward without the head: final-normed hidden states [B, H] (parity tests).
-  at::Tensor DraftHidden(DraftCache& cache, int64_t anchor_token, int64_t start);
+  // Drafts one block at positions [start, start + len) with block ids [anchor, MASK...],
+  // attending to the cached context (which must cover exactly [0, start)). len defaults to B;
+  // dflash drafts a shorter block when fewer than B positions are left before max_length.
+  // Returns logits [len−1, V] for draft positions 1..len−1 (fp32). Throws c10::Error on misuse
+  // (callers at the edge wrap it in RunGuarded).
+  at::Tensor DraftBlock(DraftCache& cache, int64_t anchor_token, int64_t start,
+                        int64_t len = 0) const;
+  // The forward without the head: final-normed hidden states [len, H] (parity tests).
+  at::Tensor DraftHidden(DraftCache& cache, int64_t anchor_token, int64_t start,
+                         int64_t len = 0) const;
+  // One block per cache, all of the same length, in one forward (the projections and the MLP
+  // see R × len rows; attention runs per cache): [R, len, H]. Blocks are independent: each
+  // row equals what the single-cache call gives, up to the rounding of larger matrix products.
+  at::Tensor DraftHidden(const std::vector<DraftCache*>& caches,
+                         const std::vector<int64_t>& anchor_tokens,
+                         const std::vector<int64_t>& starts, int64_t len = 0) const;
+  // The head on hidden states [..., H]: lm_head, output_multiplier, softcapping → fp32 [..., V].
+  at::Tensor Logits(const at::Tensor& hidden) const;
+
+  // RoPE inverse frequencies [rotary_dim / 2] (fp32) and cos/sin scaling (YaRN), for tests.
+  const at::Tensor& inv_freq() const;
+  double attention_scaling() const;
 
  private:
+  DFlashDrafter();
+  void EnsureCapacity(DraftCache& cache, int64_t needed) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The inverse frequencies and cos/sin scaling the drafter's RoPE uses (default, linear, llama3
+// through common/models/rope.h; YaRN here).
+std::pair<at::Tensor, double> DrafterRopeFrequencies(const DrafterConfig& config);
 
 }  // namespace specwire

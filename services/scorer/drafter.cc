@@ -1,0 +1,751 @@
+#include "services/scorer/drafter.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
+#include "common/models/decoder.h"
+#include "common/models/rope.h"
+#include "common/models/torch_util.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace specwire {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status KeyError(const std::string& source, absl::string_view key, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": key \"", key, "\" ", problem));
+}
+
+// A value of config.json looked up the way dflash's `_draft_value` does: dflash_config first,
+// then the top level. `key` is the name used in error messages.
+struct DraftValue {
+  const json* value = nullptr;  // nullptr when absent or null
+  std::string key;
+};
+
+DraftValue LookUpDraftValue(const json& root, const json* dflash_config, const std::string& name) {
+  if (dflash_config != nullptr && dflash_config->contains(name)) {
+    const json& v = dflash_config->at(name);
+    return {v.is_null() ? nullptr : &v, "dflash_config." + name};
+  }
+  if (root.contains(name) && !root.at(name).is_null()) return {&root.at(name), name};
+  return {nullptr, "dflash_config." + name};
+}
+
+absl::StatusOr<double> NumberOr(const std::string& source, const DraftValue& v, double dflt) {
+  if (v.value == nullptr) return dflt;
+  if (!v.value->is_number()) {
+    return KeyError(source, v.key, absl::StrCat("must be a number, got ", v.value->dump()));
+  }
+  return v.value->get<double>();
+}
+
+// transformers' get_mscale.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// rope_parameters / rope_scaling of type yarn → YarnRope; the dict is then removed from `layers`
+// (ParseModelConfig does not know yarn) after moving rope_theta / partial_rotary_factor out of it.
+absl::StatusOr<std::optional<YarnRope>> ExtractYarn(json& layers, const std::string& source) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!layers.contains(key) || layers.at(key).is_null()) continue;
+    const json r = layers.at(key);
+    if (!r.is_object()) return std::optional<YarnRope>();  // ParseModelConfig reports it
+    std::string type = "default";
+    for (const char* tk : {"rope_type", "type"}) {
+      if (r.contains(tk) && r.at(tk).is_string()) {
+        type = r.at(tk).get<std::string>();
+        break;
+      }
+    }
+    if (type != "yarn") return std::optional<YarnRope>();
+    auto num = [&](const char* k) -> absl::StatusOr<std::optional<double>> {
+      if (!r.contains(k) || r.at(k).is_null()) return std::optional<double>();
+      if (!r.at(k).is_number()) {
+        return KeyError(source, absl::StrCat(key, ".", k),
+                        absl::StrCat("must be a number, got ", r.at(k).dump()));
+      }
+      return std::optional<double>(r.at(k).get<double>());
+    };
+    YarnRope y;
+    // original_max_position_embeddings: a top-level key wins (transformers'
+    // standardize_rope_params), then the dict's, then max_position_embeddings.
+    int64_t max_pos = 32768;  // Qwen3Config's default
+    if (layers.contains("max_position_embeddings") &&
+        layers.at("max_position_embeddings").is_number_integer()) {
+      max_pos = layers.at("max_position_embeddings").get<int64_t>();
+    }
+    SW_ASSIGN_OR_RETURN(std::optional<double> omax, num("original_max_position_embeddings"));
+    if (layers.contains("original_max_position_embeddings") &&
+        layers.at("original_max_position_embeddings").is_number()) {
+      omax = layers.at("original_max_position_embeddings").get<double>();
+    }
+    y.original_max_position_embeddings = omax ? static_cast<int64_t>(*omax) : max_pos;
+    if (y.original_max_position_embeddings <= 0) {
+      return KeyError(source, absl::StrCat(key, ".original_max_position_embeddings"),
+                      "must be positive");
+    }
+    SW_ASSIGN_OR_RETURN(std::optional<double> factor, num("factor"));
+    y.factor = factor ? *factor : static_cast<double>(max_pos) / y.original_max_position_embeddings;
+    if (!(y.factor > 0)) return KeyError(source, absl::StrCat(key, ".factor"), "must be positive");
+    SW_ASSIGN_OR_RETURN(std::optional<double> attention_factor, num("attention_factor"));
+    SW_ASSIGN_OR_RETURN(std::optional<double> mscale, num("mscale"));
+    SW_ASSIGN_OR_RETURN(std::optional<double> mscale_all_dim, num("mscale_all_dim"));
+    if (attention_factor) {
+      y.attention_factor = *attention_factor;
+    } else if (mscale && *mscale != 0 && mscale_all_dim && *mscale_all_dim != 0) {
+      y.attention_factor = YarnMscale(y.factor, *mscale) / YarnMscale(y.factor, *mscale_all_dim);
+    } else {
+      y.attention_factor = YarnMscale(y.factor, 1.0);
+    }
+    // `rope_parameters.get("beta_fast") or 32`: absent, null or 0 mean the default.
+    SW_ASSIGN_OR_RETURN(std::optional<double> beta_fast, num("beta_fast"));
+    SW_ASSIGN_OR_RETURN(std::optional<double> beta_slow, num("beta_slow"));
+    if (beta_fast && *beta_fast != 0) y.beta_fast = *beta_fast;
+    if (beta_slow && *beta_slow != 0) y.beta_slow = *beta_slow;
+    if (r.contains("truncate") && !r.at("truncate").is_null()) {
+      if (!r.at("truncate").is_boolean()) {
+        return KeyError(source, absl::StrCat(key, ".truncate"), "must be true or false");
+      }
+      y.truncate = r.at("truncate").get<bool>();
+    }
+    // Values inside the dict win over top-level ones (transformers' precedence).
+    for (const char* moved : {"rope_theta", "partial_rotary_factor"}) {
+      if (r.contains(moved) && !r.at(moved).is_null()) layers[moved] = r.at(moved);
+    }
+    layers.erase(key);
+    if (layers.contains("rope_scaling")) layers.erase("rope_scaling");
+    return std::optional<YarnRope>(y);
+  }
+  return std::optional<YarnRope>();
+}
+
+}  // namespace
+
+int64_t DrafterConfig::target_hidden_size() const { return layers.hidden_size; }
+
+bool DrafterConfig::LayerIsCausal(int64_t layer) const {
+  if (is_causal.has_value()) return *is_causal;
+  return layers.layer_types[layer] == LayerType::kSlidingAttention;
+}
+
+int64_t DrafterConfig::LayerWindow(int64_t layer) const {
+  return layers.layer_types[layer] == LayerType::kSlidingAttention ? layers.sliding_window : 0;
+}
+
+std::vector<int64_t> BuildTargetLayerIds(int64_t num_target_layers, int64_t num_draft_layers) {
+  if (num_draft_layers == 1) return {num_target_layers / 2};
+  const double start = 1, end = static_cast<double>(num_target_layers - 3), span = end - start;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < num_draft_layers; ++i) {
+    // Python's round() rounds half to even, as nearbyint does in the default rounding mode.
+    ids.push_back(static_cast<int64_t>(
+        std::nearbyint(start + (static_cast<double>(i) * span) / (num_draft_layers - 1))));
+  }
+  return ids;
+}
+
+absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
+                                                 const std::string& source) {
+  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  DrafterConfig d;
+  json layers = root;
+  SW_ASSIGN_OR_RETURN(d.yarn, ExtractYarn(layers, source));
+  SW_ASSIGN_OR_RETURN(d.layers, ParseModelConfig(layers.dump(), source));
+  if (d.layers.family != ModelFamily::kQwen3) {
+    return KeyError(source, "model_type",
+                    absl::StrCat("is \"", d.layers.model_type,
+                                 "\"; DFlash drafters are Qwen3 layers (model_type \"qwen3\")"));
+  }
+  // transformers' Qwen3Config: `sliding_window = sliding_window if use_sliding_window else None`.
+  bool use_sliding_window = false;
+  if (root.contains("use_sliding_window") && !root.at("use_sliding_window").is_null()) {
+    if (!root.at("use_sliding_window").is_boolean()) {
+      return KeyError(source, "use_sliding_window", "must be true or false");
+    }
+    use_sliding_window = root.at("use_sliding_window").get<bool>();
+  }
+  const bool window_null = root.contains("sliding_window") && root.at("sliding_window").is_null();
+  if (!use_sliding_window || window_null) d.layers.sliding_window = 0;
+
+  const json* dflash_config = nullptr;
+  if (root.contains("dflash_config") && !root.at("dflash_config").is_null()) {
+    if (!root.at("dflash_config").is_object()) {
+      return KeyError(source, "dflash_config", "must be an object");
+    }
+    dflash_config = &root.at("dflash_config");
+  }
+
+  DraftValue mask = LookUpDraftValue(root, dflash_config, "mask_token_id");
+  if (mask.value == nullptr) return KeyError(source, mask.key, "is required but missing");
+  if (!mask.value->is_number_integer() || mask.value->get<int64_t>() < 0) {
+    return KeyError(source, mask.key,
+                    absl::StrCat("must be a non-negative integer, got ", mask.value->dump()));
+  }
+  d.mask_token_id = mask.value->get<int64_t>();
+
+  DraftValue block = LookUpDraftValue(root, dflash_config, "block_size");
+  if (block.value != nullptr) {
+    if (!block.value->is_number_integer() || block.value->get<int64_t>() < 2 ||
+        block.value->get<int64_t>() > 4096) {
+      return KeyError(source, block.key,
+                      absl::StrCat("must be an integer in [2, 4096], got ", block.value->dump()));
+    }
+    d.block_size = static_cast<int32_t>(block.value->get<int64_t>());
+  }
+
+  // dflash reads num_target_layers from the top level only.
+  if (root.contains("num_target_layers") && !root.at("num_target_layers").is_null()) {
+    const json& n = root.at("num_target_layers");
+    if (!n.is_number_integer() || n.get<int64_t>() <= 0) {
+      return KeyError(source, "num_target_layers",
+                      absl::StrCat("must be a positive integer, got ", n.dump()));
+    }
+    d.num_target_layers = n.get<int64_t>();
+  }
+
+  DraftValue ids = LookUpDraftValue(root, dflash_config, "target_layer_ids");
+  if (ids.value != nullptr) {
+    if (!ids.value->is_array() || ids.value->empty()) {
+      return KeyError(source, ids.key, "must be a non-empty list of layer ids");
+    }
+    for (const json& v : *ids.value) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+        return KeyError(source, ids.key,
+                        absl::StrCat("must hold non-negative integers, got ", ids.value->dump()));
+      }
+      d.target_layer_ids.push_back(v.get<int64_t>());
+    }
+  } else if (d.num_target_layers > 0) {
+    d.target_layer_ids = BuildTargetLayerIds(d.num_target_layers, d.layers.num_layers);
+  } else {
+    return KeyError(source, ids.key,
+                    "is missing, and num_target_layers is not given to derive it from");
+  }
+  if (d.num_target_layers > 0) {
+    for (int64_t id : d.target_layer_ids) {
+      if (id >= d.num_target_layers) {
+        return KeyError(source, ids.key,
+                        absl::StrCat("holds layer ", id, ", outside the target's ",
+                                     d.num_target_layers, " layers (num_target_layers)"));
+      }
+    }
+  }
+
+  if (root.contains("is_causal") && !root.at("is_causal").is_null()) {
+    if (!root.at("is_causal").is_boolean()) {
+      return KeyError(source, "is_causal", "must be true or false");
+    }
+    d.is_causal = root.at("is_causal").get<bool>();
+  }
+
+  SW_ASSIGN_OR_RETURN(
+      d.input_embedding_scale,
+      NumberOr(source, LookUpDraftValue(root, dflash_config, "input_embedding_scale"), 1.0));
+  SW_ASSIGN_OR_RETURN(
+      d.output_multiplier,
+      NumberOr(source, LookUpDraftValue(root, dflash_config, "output_multiplier"), 1.0));
+  SW_ASSIGN_OR_RETURN(
+      d.final_logit_softcapping,
+      NumberOr(source, LookUpDraftValue(root, dflash_config, "final_logit_softcapping"), 0.0));
+  if (d.final_logit_softcapping < 0) d.final_logit_softcapping = 0;
+  return d;
+}
+
+absl::Status CheckDrafterFitsTarget(const DrafterConfig& drafter, const ModelConfig& target) {
+  if (drafter.target_hidden_size() != target.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "drafter hidden_size ", drafter.target_hidden_size(), " != target hidden_size ",
+        target.hidden_size, " (the drafter uses the target's embedding, lm_head and features)"));
+  }
+  if (drafter.num_target_layers > 0 && drafter.num_target_layers != target.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "drafter num_target_layers ", drafter.num_target_layers, " != target num_hidden_layers ",
+        target.num_layers, ": the drafter was trained for another target"));
+  }
+  for (int64_t id : drafter.target_layer_ids) {
+    if (id >= target.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("drafter target_layer_ids holds ", id,
+                                                     ", outside the target's ", target.num_layers,
+                                                     " layers"));
+    }
+  }
+  if (drafter.mask_token_id >= target.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("drafter mask_token_id ", drafter.mask_token_id,
+                                                   " is outside the target vocabulary (",
+                                                   target.vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::pair<at::Tensor, double> DrafterRopeFrequencies(const DrafterConfig& config) {
+  const ModelConfig& c = config.layers;
+  if (!config.yarn.has_value()) {
+    RotaryEmbedding rope(c.rope, c.head_dim);
+    return {rope.inv_freq(), 1.0};
+  }
+  // transformers' _compute_yarn_parameters, operation by operation (fp32 tensors, double scalars).
+  const YarnRope& y = *config.yarn;
+  const double base = c.rope.theta;
+  const int64_t dim = c.rotary_dim();
+  const double omax = static_cast<double>(y.original_max_position_embeddings);
+  auto correction_dim = [&](double num_rotations) {
+    return (dim * std::log(omax / (num_rotations * 2 * M_PI))) / (2 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // prevents a singular ramp
+  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  at::Tensor pos_freqs =
+      at::pow(at::Scalar(base), at::arange(0, dim, 2, at::kLong).to(at::kFloat) / dim);
+  at::Tensor extrapolation = at::reciprocal(pos_freqs) * 1.0;
+  at::Tensor interpolation = at::reciprocal(pos_freqs * y.factor) * 1.0;
+  at::Tensor extrapolation_factor = 1 - ramp;
+  at::Tensor inv_freq =
+      interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+  return {inv_freq.contiguous(), y.attention_factor};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model.
+
+struct DFlashDrafter::Impl {
+  struct Layer {
+    at::Tensor input_norm, post_norm, q_norm, k_norm;  // [H], [H], [D], [D]
+    // [(Hq + 2 Hkv) D, H]: rows [q | k | v]; the bias only with attention_bias.
+    at::Tensor qkv_w, qkv_b;
+    at::Tensor kv_w, kv_b;  // views of the k and v rows (context rows need no query)
+    at::Tensor o_w, o_b;    // [H, Hq D]
+    at::Tensor qk_norm;     // [Hq + Hkv, D]: q_norm per query head, then k_norm per kv head
+    at::Tensor gate_up_w;   // [2 I, H]: rows [gate | up]
+    at::Tensor down_w;      // [H, I]
+    // Loading slots (released after fusion).
+    at::Tensor q_w, k_w, v_w, q_b, k_b, v_b, gate_w, up_w;
+    bool causal = false;
+    int64_t window = 0;  // 0: unlimited
+  };
+
+  DrafterConfig config;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  std::unique_ptr<Checkpoint> checkpoint;  // CPU weights of matching dtype alias its mapping
+  at::Tensor fc_w;                         // [H, n H]
+  at::Tensor hidden_norm;                  // [H]
+  at::Tensor norm;                         // [H]
+  std::vector<Layer> layers;
+  at::Tensor embed_tokens, lm_head;  // the target's, [V, H]
+  at::Tensor mask_embedding;         // [1, H]: a view of embed_tokens[mask_token_id]
+  at::Tensor inv_freq;               // [rotary_dim / 2] fp32 CPU
+  double attention_scaling = 1.0;
+
+  int64_t H() const { return config.layers.hidden_size; }
+  int64_t D() const { return config.layers.head_dim; }
+  int64_t Hq() const { return config.layers.num_heads; }
+  int64_t Hkv() const { return config.layers.num_kv_heads; }
+  int64_t I() const { return config.layers.intermediate_size; }
+  double eps() const { return config.layers.rms_norm_eps; }
+
+  // Every tensor of the checkpoint, with its expected shape: drives loading and validation.
+  void ForEachWeight(const WeightVisitor& visit) {
+    const int64_t h = H(), q_out = Hq() * D(), kv_out = Hkv() * D();
+    const int64_t n = static_cast<int64_t>(config.target_layer_ids.size());
+    visit({"fc.weight", {h, n * config.target_hidden_size()}, &fc_w});
+    visit({"hidden_norm.weight", {h}, &hidden_norm});
+    visit({"norm.weight", {h}, &norm});
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Layer& l = layers[i];
+      const std::string p = absl::StrCat("layers.", i, ".");
+      visit({p + "input_layernorm.weight", {h}, &l.input_norm});
+      visit({p + "post_attention_layernorm.weight", {h}, &l.post_norm});
+      visit({p + "self_attn.q_proj.weight", {q_out, h}, &l.q_w});
+      visit({p + "self_attn.k_proj.weight", {kv_out, h}, &l.k_w});
+      visit({p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_w});
+      visit({p + "self_attn.o_proj.weight", {h, q_out}, &l.o_w});
+      if (config.layers.attention_bias) {
+        visit({p + "self_attn.q_proj.bias", {q_out}, &l.q_b});
+        visit({p + "self_attn.k_proj.bias", {kv_out}, &l.k_b});
+        visit({p + "self_attn.v_proj.bias", {kv_out}, &l.v_b});
+        visit({p + "self_attn.o_proj.bias", {h}, &l.o_b});
+      }
+      visit({p + "self_attn.q_norm.weight", {D()}, &l.q_norm});
+      visit({p + "self_attn.k_norm.weight", {D()}, &l.k_norm});
+      visit({p + "mlp.gate_proj.weight", {I(), h}, &l.gate_w});
+      visit({p + "mlp.up_proj.weight", {I(), h}, &l.up_w});
+      visit({p + "mlp.down_proj.weight", {h, I()}, &l.down_w});
+    }
+  }
+
+  void Prepare() {
+    auto to_dev = [&](at::Tensor& t) {
+      if (t.defined()) t = t.to(device, dtype).contiguous();
+    };
+    to_dev(fc_w);
+    to_dev(hidden_norm);
+    to_dev(norm);
+    const int64_t q_out = Hq() * D(), kv_out = Hkv() * D();
+    for (Layer& l : layers) {
+      l.qkv_w = at::cat({l.q_w, l.k_w, l.v_w}, 0).to(device, dtype).contiguous();
+      l.kv_w = l.qkv_w.narrow(0, q_out, 2 * kv_out);
+      if (l.q_b.defined()) {
+        l.qkv_b = at::cat({l.q_b, l.k_b, l.v_b}, 0).to(device, dtype).contiguous();
+        l.kv_b = l.qkv_b.narrow(0, q_out, 2 * kv_out);
+      }
+      l.gate_up_w = at::cat({l.gate_w, l.up_w}, 0).to(device, dtype).contiguous();
+      l.q_w = l.k_w = l.v_w = l.q_b = l.k_b = l.v_b = l.gate_w = l.up_w = at::Tensor();
+      for (at::Tensor* t :
+           {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm, &l.o_w, &l.o_b, &l.down_w}) {
+        to_dev(*t);
+      }
+      // One norm + rotation pass over the query and key heads of the block (elementwise, so
+      // the same numbers as two passes).
+      l.qk_norm = at::cat({l.q_norm.unsqueeze(0).expand({Hq(), D()}),
+                           l.k_norm.unsqueeze(0).expand({Hkv(), D()})},
+                          0)
+                      .contiguous();
+    }
+  }
+
+  // cos and sin for integer positions [...] → [..., rotary_dim] in the compute dtype, as
+  // Qwen3RotaryEmbedding computes them: fp32 position × inv_freq, cos/sin scaled by
+  // attention_scaling, then rounded.
+  std::pair<at::Tensor, at::Tensor> CosSin(const std::vector<int64_t>& positions,
+                                           at::IntArrayRef shape) const {
+    at::Tensor pos = at::tensor(positions, at::kLong).to(at::kFloat).view(shape).unsqueeze(-1);
+    at::Tensor freqs = pos * inv_freq;  // [..., rot / 2]
+    at::Tensor emb = at::cat({freqs, freqs}, -1);
+    return {(emb.cos() * attention_scaling).to(device, dtype),
+            (emb.sin() * attention_scaling).to(device, dtype)};
+  }
+};
+
+DFlashDrafter::DFlashDrafter() : impl_(std::make_unique<Impl>()) {}
+DFlashDrafter::~DFlashDrafter() = default;
+
+const DrafterConfig& DFlashDrafter::config() const { return impl_->config; }
+at::ScalarType DFlashDrafter::dtype() const { return impl_->dtype; }
+const at::Device& DFlashDrafter::device() const { return impl_->device; }
+const at::Tensor& DFlashDrafter::inv_freq() const { return impl_->inv_freq; }
+double DFlashDrafter::attention_scaling() const { return impl_->attention_scaling; }
+
+absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::string& dir,
+                                                                   at::ScalarType dtype,
+                                                                   const at::Device& device) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  SW_ASSIGN_OR_RETURN(DrafterConfig config, ParseDrafterConfig(text, config_path));
+  std::unique_ptr<DFlashDrafter> drafter(new DFlashDrafter());
+  Impl& m = *drafter->impl_;
+  m.config = std::move(config);
+  m.dtype = dtype;
+  m.device = device;
+  SW_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::Open(dir));
+  m.layers.resize(m.config.layers.num_layers);
+  for (int64_t i = 0; i < m.config.layers.num_layers; ++i) {
+    m.layers[i].causal = m.config.LayerIsCausal(i);
+    m.layers[i].window = m.config.LayerWindow(i);
+  }
+
+  absl::Status status = RunGuarded("loading drafter " + dir, [&]() -> absl::Status {
+    std::set<std::string> consumed;
+    std::vector<std::string> missing;
+    absl::Status error;
+    m.ForEachWeight([&](const WeightSlot& slot) {
+      if (!error.ok()) return;
+      const TensorView* view = m.checkpoint->Find(slot.name);
+      if (view == nullptr) {
+        missing.push_back(slot.name);
+        return;
+      }
+      if (view->shape != slot.shape) {
+        const std::string got = absl::StrCat("[", absl::StrJoin(view->shape, ", "), "]");
+        const std::string want = absl::StrCat("[", absl::StrJoin(slot.shape, ", "), "]");
+        if (slot.name == "fc.weight") {
+          error = absl::InvalidArgumentError(
+              absl::StrCat(config_path, ": key \"dflash_config.target_layer_ids\" has ",
+                           m.config.target_layer_ids.size(), " entries, so fc.weight must be ",
+                           want, " (", m.config.target_layer_ids.size(), " x hidden_size ", m.H(),
+                           " inputs), but the checkpoint has ", got));
+        } else {
+          error = absl::InvalidArgumentError(absl::StrCat("tensor \"", slot.name, "\" has shape ",
+                                                          got, " but config.json implies ", want));
+        }
+        return;
+      }
+      *slot.slot = WrapView(*view).to(dtype);
+      consumed.insert(slot.name);
+    });
+    SW_RETURN_IF_ERROR(error);
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 8);
+      return absl::InvalidArgumentError(
+          absl::StrCat(missing.size(), " drafter tensor(s) missing from ", dir, ": ",
+                       absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+                       missing.size() > shown ? ", ..." : ""));
+    }
+    for (const auto& [name, view] : m.checkpoint->tensors()) {
+      if (consumed.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+      const bool dflash2 = name.find("attention_conv") != std::string::npos ||
+                           name.find("mlp_conv") != std::string::npos ||
+                           name.starts_with("candidate_selector.");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected tensor \"", name, "\" in drafter ", dir,
+          dflash2
+              ? ": DFlash2 drafters (dynamic convolutions, candidate selector) are not supported"
+              : ": a DFlash drafter has no such weight"));
+    }
+    m.Prepare();
+    auto [inv_freq, scaling] = DrafterRopeFrequencies(m.config);
+    m.inv_freq = inv_freq;
+    m.attention_scaling = scaling;
+    return absl::OkStatus();
+  });
+  SW_RETURN_IF_ERROR(status);
+  return drafter;
+}
+
+absl::Status DFlashDrafter::SetTargetHead(const at::Tensor& embed_tokens,
+                                          const at::Tensor& lm_head) {
+  Impl& m = *impl_;
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"embed_tokens", embed_tokens},
+        {"lm_head", lm_head}}) {
+    if (!t.defined() || t.dim() != 2 || t.size(1) != m.H()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target ", name, " must be [vocab, ", m.H(), "] (the drafter's hidden_size), got ",
+          t.defined() ? absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]") : "nothing"));
+    }
+  }
+  if (embed_tokens.size(0) != lm_head.size(0)) {
+    return absl::InvalidArgumentError("target embed_tokens and lm_head have different vocab sizes");
+  }
+  if (m.config.mask_token_id >= embed_tokens.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("mask_token_id ", m.config.mask_token_id,
+                                                   " is outside the target embedding (",
+                                                   embed_tokens.size(0), " rows)"));
+  }
+  return RunGuarded("setting the target head", [&]() -> absl::Status {
+    m.embed_tokens = embed_tokens.to(m.device, m.dtype);
+    m.lm_head = lm_head.to(m.device, m.dtype);
+    m.mask_embedding = m.embed_tokens.narrow(0, m.config.mask_token_id, 1);
+    return absl::OkStatus();
+  });
+}
+
+std::unique_ptr<DraftCache> DFlashDrafter::NewCache(int64_t capacity) const {
+  auto cache = std::make_unique<DraftCache>();
+  EnsureCapacity(*cache, std::max<int64_t>(capacity, impl_->config.block_size));
+  return cache;
+}
+
+void DFlashDrafter::EnsureCapacity(DraftCache& cache, int64_t needed) const {
+  if (needed <= cache.capacity_) return;
+  const Impl& m = *impl_;
+  const int64_t cap = std::max<int64_t>(needed, cache.capacity_ * 2);
+  auto opts = at::TensorOptions().dtype(m.dtype).device(m.device);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    at::Tensor k = at::empty({1, m.Hkv(), cap, m.D()}, opts);
+    at::Tensor v = at::empty({1, m.Hkv(), cap, m.D()}, opts);
+    if (cache.length_ > 0) {
+      k.narrow(2, 0, cache.length_).copy_(cache.k_[l].narrow(2, 0, cache.length_));
+      v.narrow(2, 0, cache.length_).copy_(cache.v_[l].narrow(2, 0, cache.length_));
+    }
+    if (l < cache.k_.size()) {
+      cache.k_[l] = k;
+      cache.v_[l] = v;
+    } else {
+      cache.k_.push_back(k);
+      cache.v_.push_back(v);
+    }
+  }
+  cache.capacity_ = cap;
+}
+
+void DFlashDrafter::AppendContext(DraftCache& cache, const at::Tensor& features) const {
+  AppendContext(std::vector<DraftCache*>{&cache}, std::vector<at::Tensor>{features});
+}
+
+void DFlashDrafter::AppendContext(const std::vector<DraftCache*>& caches,
+                                  const std::vector<at::Tensor>& features) const {
+  const Impl& m = *impl_;
+  c10::InferenceMode guard;
+  TORCH_CHECK(caches.size() == features.size(), "one feature tensor per cache");
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> positions;
+  for (size_t r = 0; r < caches.size(); ++r) {
+    const at::Tensor& f = features[r];
+    TORCH_CHECK(f.dim() == 2 && f.size(1) == m.fc_w.size(1), "context features must be [n, ",
+                m.fc_w.size(1), "], got ", f.sizes());
+    const int64_t L = caches[r]->length_, n = f.size(0);
+    EnsureCapacity(*caches[r], L + n + m.config.block_size);
+    if (n == 0) continue;
+    rows.push_back(f.to(m.device, m.dtype));
+    for (int64_t i = 0; i < n; ++i) positions.push_back(L + i);
+  }
+  if (positions.empty()) return;
+  const int64_t N = static_cast<int64_t>(positions.size());
+  // Context rows: fc then hidden_norm (no input_layernorm: they are not run through the layers).
+  at::Tensor ctx = RmsNorm(at::linear(rows.size() == 1 ? rows[0] : at::cat(rows, 0), m.fc_w),
+                           m.hidden_norm, m.eps(), NormKind::kPlain);  // [N, H]
+  auto [cos, sin] = m.CosSin(positions, {N, 1});                       // [N, 1, rot]
+  const int64_t kv_out = m.Hkv() * m.D();
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const Impl::Layer& layer = m.layers[l];
+    at::Tensor kv = at::linear(ctx, layer.kv_w, layer.kv_b);  // [N, 2 Hkv D]
+    at::Tensor k =
+        RotaryEmbedding::Apply(RmsNorm(kv.narrow(-1, 0, kv_out).view({N, m.Hkv(), m.D()}),
+                                       layer.k_norm, m.eps(), NormKind::kPlain),
+                               cos, sin);  // [N, Hkv, D]
+    at::Tensor v = kv.narrow(-1, kv_out, kv_out).view({N, m.Hkv(), m.D()});
+    int64_t offset = 0;
+    for (size_t r = 0; r < caches.size(); ++r) {
+      const int64_t n = features[r].size(0);
+      if (n == 0) continue;
+      DraftCache& c = *caches[r];
+      c.k_[l].narrow(2, c.length_, n).copy_(k.narrow(0, offset, n).transpose(0, 1).unsqueeze(0));
+      c.v_[l].narrow(2, c.length_, n).copy_(v.narrow(0, offset, n).transpose(0, 1).unsqueeze(0));
+      offset += n;
+    }
+  }
+  for (size_t r = 0; r < caches.size(); ++r) caches[r]->length_ += features[r].size(0);
+}
+
+at::Tensor DFlashDrafter::DraftHidden(DraftCache& cache, int64_t anchor_token, int64_t start,
+                                      int64_t len) const {
+  return DraftHidden(std::vector<DraftCache*>{&cache}, {anchor_token}, {start}, len).squeeze(0);
+}
+
+at::Tensor DFlashDrafter::DraftHidden(const std::vector<DraftCache*>& caches,
+                                      const std::vector<int64_t>& anchor_tokens,
+                                      const std::vector<int64_t>& starts, int64_t len) const {
+  const Impl& m = *impl_;
+  c10::InferenceMode guard;
+  const int64_t R = static_cast<int64_t>(caches.size());
+  const int64_t q_len = len > 0 ? len : m.config.block_size;
+  TORCH_CHECK(m.embed_tokens.defined(), "DraftBlock before SetTargetHead");
+  TORCH_CHECK(R >= 1 && anchor_tokens.size() == caches.size() && starts.size() == caches.size(),
+              "one anchor and one start per cache");
+  TORCH_CHECK(q_len >= 1, "block length must be positive");
+  std::vector<int64_t> positions;
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(caches[r]->length_ == starts[r], "the draft cache holds ", caches[r]->length_,
+                " context rows but the block starts at ", starts[r]);
+    TORCH_CHECK(anchor_tokens[r] >= 0 && anchor_tokens[r] < m.embed_tokens.size(0), "anchor token ",
+                anchor_tokens[r], " outside the vocabulary");
+    EnsureCapacity(*caches[r], starts[r] + q_len);
+    for (int64_t i = 0; i < q_len; ++i) positions.push_back(starts[r] + i);
+  }
+
+  // Blocks [anchor, MASK × (len − 1)] through the target's embedding (F.embedding × scale).
+  at::Tensor anchors =
+      at::index_select(m.embed_tokens, 0, at::tensor(anchor_tokens, at::kLong).to(m.device));
+  at::Tensor x =
+      at::cat({anchors.unsqueeze(1), m.mask_embedding.unsqueeze(0).expand({R, q_len - 1, m.H()})},
+              1);  // [R, q, H]
+  if (m.config.input_embedding_scale != 1.0) x = x * m.config.input_embedding_scale;
+  auto [cos, sin] = m.CosSin(positions, {R, 1, q_len});  // [R, 1, q, rot]: broadcast over heads
+
+  const int64_t q_out = m.Hq() * m.D(), kv_out = m.Hkv() * m.D();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(m.D()));
+  // A mask depends on (causal, window, context keys in range) only: built once per call.
+  std::map<std::tuple<bool, int64_t, int64_t>, at::Tensor> masks;
+  auto mask_for = [&](bool causal, int64_t window, int64_t ctx_keys) -> std::optional<at::Tensor> {
+    if (!causal && window == 0) return std::nullopt;  // every key visible
+    auto [it, inserted] = masks.try_emplace({causal, window, ctx_keys});
+    if (inserted) {
+      // Query i sits ctx_keys + i after the first key in range; key j at j.
+      auto lopts = at::TensorOptions().dtype(at::kLong).device(m.device);
+      at::Tensor qpos = at::arange(ctx_keys, ctx_keys + q_len, lopts).unsqueeze(1);  // [q, 1]
+      at::Tensor kpos = at::arange(0, ctx_keys + q_len, lopts).unsqueeze(0);         // [1, S]
+      at::Tensor diff = qpos - kpos;                                                 // q − k
+      at::Tensor mask = causal ? diff >= 0 : at::ones_like(diff, at::kBool);
+      if (window > 0) {
+        mask.logical_and_(diff < window);
+        if (!causal) mask.logical_and_(diff > -window);
+      }
+      it->second = mask;
+    }
+    return it->second;
+  };
+
+  std::vector<at::Tensor> outs(R);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const Impl::Layer& layer = m.layers[l];
+    // --- attention: queries from the block, keys/values from [context ; block] ---
+    at::Tensor n = RmsNorm(x, layer.input_norm, m.eps(), NormKind::kPlain);  // [R, q, H]
+    at::Tensor qkv = at::linear(n, layer.qkv_w, layer.qkv_b);                // [R, q, (Hq+2Hkv) D]
+    at::Tensor qk = RotaryEmbedding::Apply(
+        RmsNorm(qkv.narrow(-1, 0, q_out + kv_out).view({R, q_len, m.Hq() + m.Hkv(), m.D()}),
+                layer.qk_norm, m.eps(), NormKind::kPlain)
+            .transpose(1, 2),
+        cos, sin);  // [R, Hq+Hkv, q, D]
+    at::Tensor v = qkv.narrow(-1, q_out + kv_out, kv_out)
+                       .view({R, q_len, m.Hkv(), m.D()})
+                       .transpose(1, 2);  // [R, Hkv, q, D]
+    for (int64_t r = 0; r < R; ++r) {
+      DraftCache& c = *caches[r];
+      const int64_t start = starts[r];
+      // Block K/V go into the scratch rows after the context; the next AppendContext
+      // overwrites them, so the cache keeps context K/V only (dflash's crop(start)).
+      c.k_[l].narrow(2, start, q_len).copy_(qk.narrow(0, r, 1).narrow(1, m.Hq(), m.Hkv()));
+      c.v_[l].narrow(2, start, q_len).copy_(v.narrow(0, r, 1));
+      // Keys further back than the window are invisible to every query of the block.
+      const int64_t lo = layer.window > 0 ? std::max<int64_t>(0, start - layer.window + 1) : 0;
+      const int64_t S = start + q_len - lo;
+      outs[r] = at::scaled_dot_product_attention(
+          qk.narrow(0, r, 1).narrow(1, 0, m.Hq()), c.k_[l].narrow(2, lo, S),
+          c.v_[l].narrow(2, lo, S), mask_for(layer.causal, layer.window, start - lo), 0.0, false,
+          scale, /*enable_gqa=*/m.Hq() != m.Hkv());  // [1, Hq, q, D]
+    }
+    at::Tensor attn =
+        (R == 1 ? outs[0] : at::cat(outs, 0)).transpose(1, 2).reshape({R, q_len, q_out});
+    at::Tensor h = x + at::linear(attn, layer.o_w, layer.o_b);
+
+    // --- MLP (SwiGLU) ---
+    at::Tensor mm = RmsNorm(h, layer.post_norm, m.eps(), NormKind::kPlain);
+    at::Tensor gu = at::linear(mm, layer.gate_up_w);  // [R, q, 2 I]
+    at::Tensor act = at::silu(gu.narrow(-1, 0, m.I())) * gu.narrow(-1, m.I(), m.I());
+    h.add_(at::linear(act, layer.down_w));
+    x = h;
+  }
+  return RmsNorm(x, m.norm, m.eps(), NormKind::kPlain);  // [R, q, H]
+}
+
+at::Tensor DFlashDrafter::Logits(const at::Tensor& hidden) const {
+  const Impl& m = *impl_;
+  c10::InferenceMode guard;
+  at::Tensor logits = at::linear(hidden, m.lm_head);
+  if (m.config.output_multiplier != 1.0) logits = logits * m.config.output_multiplier;
+  if (m.config.final_logit_softcapping > 0) {
+    const double cap = m.config.final_logit_softcapping;
+    logits = at::tanh(logits / cap) * cap;
+  }
+  return logits.to(at::kFloat);
+}
+
+at::Tensor DFlashDrafter::DraftBlock(DraftCache& cache, int64_t anchor_token, int64_t start,
+                                     int64_t len) const {
+  at::Tensor hidden = DraftHidden(cache, anchor_token, start, len);  // [q, H]
+  return Logits(hidden.narrow(0, 1, hidden.size(0) - 1));
+}
+
+}  // namespace specwire

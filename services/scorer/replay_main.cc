@@ -1,0 +1,460 @@
+// specwire-replay: the acceptance replay offline, with the target run in-process (the extraction
+// engine) instead of behind the extractor service. Used by the parity tier and the benchmark.
+//
+//   specwire-replay [replay] --drafter DIR --target DIR (--tokens-file F | --trajectories-file F)
+//                            [--max-new-tokens N] [--ddtree 8,32] ...
+//   specwire-replay draft    --drafter DIR --target DIR --cases F.safetensors --out F.safetensors
+//   specwire-replay ddtree   --cases F.json
+//
+// replay prints one JSON object: per response the trajectory, the DFlash step lengths and the
+// DDTree-N step lengths; the summary (acceptance.h); and the in-process time of the replay alone
+// (drafting + acceptance, without target generation and feature extraction).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/models/torch_util.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "services/extractor/engine.h"
+#include "services/scorer/acceptance.h"
+#include "services/scorer/drafter.h"
+#include "services/scorer/replay.h"
+
+namespace specwire {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kUsage[] = R"(usage: specwire-replay [COMMAND] [flags]
+
+Commands:
+  replay (default)  greedy trajectories of the target, their features, and the DFlash / DDTree
+                    acceptance replay; prints JSON (responses, summary, timing)
+  draft             drafter forward on given context features (parity tests): writes the final
+                    hidden states and logits of each block to --out
+  ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out)
+
+Flags:
+  --drafter DIR            DFlash drafter (config.json + *.safetensors, z-lab format)
+  --target DIR             target checkpoint (Hugging Face CausalLM directory)
+  --tokens-file F          replay: JSON list of prompts (token-id lists); completions are the
+                           target's greedy output
+  --trajectories-file F    replay: JSON list of {"prompt": [...], "completion": [...]} instead
+  --max-new-tokens N       replay: completion budget (dflash's max_new_tokens)          [64]
+  --stop IDS               replay: extra stop token ids
+  --no-config-eos          replay: do not stop at the target's eos_token_id
+  --ddtree BUDGETS         replay: DDTree node budgets, comma-separated, or "none"      [8]
+  --repeat N               replay: run the replay N times; timing reports the median    [1]
+  --batch N                replay: responses replayed in lockstep per drafter forward   [16]
+  --full-logits            replay: all B-1 rows of logits per block, like dflash's loop
+                           (default: stop at each block's first mismatch)
+  --dtype D                float32 | bfloat16 | float16                                 [float32]
+  --device-map M           target placement (see specwire-extract); the drafter runs on the
+                           target's output device                                       [cpu]
+  --threads N              intra-op CPU threads                                         [torch default]
+  --cases F                draft: safetensors with case.{i}.features and metadata "cases";
+                           ddtree: JSON {"budgets": [...], "cases": [{"log_probs", "truth"}]}
+  --out F                  draft: output safetensors
+)";
+
+using Flags = std::map<std::string, std::string>;
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
+  static const char* kBoolFlags[] = {"no-config-eos", "full-logits", "help"};
+  Flags flags;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (!arg.starts_with("--")) return absl::InvalidArgumentError("unexpected argument " + arg);
+    arg = arg.substr(2);
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      flags[arg.substr(0, eq)] = arg.substr(eq + 1);
+      continue;
+    }
+    bool is_bool = false;
+    for (const char* b : kBoolFlags) is_bool |= arg == b;
+    if (is_bool) {
+      flags.insert_or_assign(arg,
+                             std::string(1, '1'));  // not = "1": a GCC 12 false -Wstringop-overflow
+    } else if (i + 1 < argc) {
+      flags[arg] = argv[++i];
+    } else {
+      return absl::InvalidArgumentError("flag --" + arg + " needs a value");
+    }
+  }
+  return flags;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
+  std::vector<int64_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int64_t v;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
+    }
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+absl::StatusOr<int64_t> IntFlag(const Flags& f, const std::string& name, int64_t dflt) {
+  if (!f.count(name)) return dflt;
+  int64_t v;
+  if (!absl::SimpleAtoi(f.at(name), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be an integer"));
+  }
+  return v;
+}
+
+absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) {
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": invalid JSON"));
+  return j;
+}
+
+absl::StatusOr<std::vector<int64_t>> TokenList(const json& j, const std::string& what) {
+  if (!j.is_array()) return absl::InvalidArgumentError(what + ": expected a list of token ids");
+  std::vector<int64_t> ids;
+  for (const json& v : j) {
+    if (!v.is_number_integer())
+      return absl::InvalidArgumentError(what + ": token ids must be integers");
+    ids.push_back(v.get<int64_t>());
+  }
+  return ids;
+}
+
+// The target and the drafter, wired together.
+struct Models {
+  std::unique_ptr<ExtractionEngine> engine;
+  std::unique_ptr<DFlashDrafter> drafter;
+};
+
+absl::StatusOr<Models> LoadModels(const Flags& f) {
+  if (!f.count("drafter")) return absl::InvalidArgumentError("--drafter is required");
+  if (!f.count("target")) return absl::InvalidArgumentError("--target is required");
+  LoadOptions load;
+  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(f.count("dtype") ? f.at("dtype") : "float32"));
+  if (f.count("device-map")) load.device_map = f.at("device-map");
+  Models m;
+  SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(f.at("target"), load));
+  SW_ASSIGN_OR_RETURN(m.drafter, DFlashDrafter::Load(f.at("drafter"), load.dtype,
+                                                     m.engine->model().output_device()));
+  SW_RETURN_IF_ERROR(CheckDrafterFitsTarget(m.drafter->config(), m.engine->config()));
+  SW_RETURN_IF_ERROR(
+      m.drafter->SetTargetHead(m.engine->model().embed_tokens(), m.engine->model().lm_head()));
+  return m;
+}
+
+// dflash's extract_context_feature reads HF hidden_states[id + 1]; for the last layer that is the
+// final-norm output (transformers puts it there), so id = L − 1 maps to the final_norm tap.
+absl::StatusOr<std::vector<at::Tensor>> ContextFeatures(
+    ExtractionEngine& engine, const DrafterConfig& drafter,
+    const std::vector<std::vector<int64_t>>& sequences, at::ScalarType dtype) {
+  const int64_t L = engine.config().num_layers;
+  CaptureSpec capture;
+  for (int64_t id : drafter.target_layer_ids) {
+    if (id == L - 1) {
+      capture.final_norm = true;
+    } else if (std::find(capture.layers.begin(), capture.layers.end(), id) ==
+               capture.layers.end()) {
+      capture.layers.push_back(id);
+    }
+  }
+  SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
+                      engine.Extract(sequences, capture, dtype));
+  std::vector<at::Tensor> out;
+  for (const SequenceStates& s : states) {
+    std::vector<at::Tensor> parts;
+    for (int64_t id : drafter.target_layer_ids) {
+      parts.push_back(id == L - 1 ? s.final_norm : s.layers.at(id));
+    }
+    out.push_back(at::cat(parts, -1));  // [T, n × H]
+  }
+  return out;
+}
+
+absl::Status RunReplay(const Flags& f) {
+  SW_ASSIGN_OR_RETURN(Models m, LoadModels(f));
+  const DrafterConfig& dc = m.drafter->config();
+  SW_ASSIGN_OR_RETURN(int64_t max_new_tokens, IntFlag(f, "max-new-tokens", 64));
+  if (max_new_tokens < 1) return absl::InvalidArgumentError("--max-new-tokens must be positive");
+  SW_ASSIGN_OR_RETURN(int64_t repeat, IntFlag(f, "repeat", 1));
+  if (repeat < 1) return absl::InvalidArgumentError("--repeat must be positive");
+  ReplayOptions options;
+  SW_ASSIGN_OR_RETURN(int64_t batch, IntFlag(f, "batch", options.max_batch));
+  if (batch < 1) return absl::InvalidArgumentError("--batch must be positive");
+  options.max_batch = static_cast<int32_t>(batch);
+  options.full_logits = f.count("full-logits") > 0;
+  options.ddtree_budgets.clear();
+  const std::string budgets = f.count("ddtree") ? f.at("ddtree") : "8";
+  if (budgets != "none" && !budgets.empty()) {
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> b, ParseIds(budgets, "ddtree"));
+    for (int64_t v : b) {
+      if (v < 1) return absl::InvalidArgumentError("--ddtree budgets must be positive");
+      options.ddtree_budgets.push_back(static_cast<int32_t>(v));
+    }
+  }
+
+  // Trajectories: given, or the target's greedy completions of the prompts.
+  std::vector<std::vector<int64_t>> prompts, completions;
+  std::vector<std::string> finish;
+  if (f.count("trajectories-file")) {
+    SW_ASSIGN_OR_RETURN(json j, ReadJson(f.at("trajectories-file"), "trajectories-file"));
+    if (!j.is_array()) return absl::InvalidArgumentError("--trajectories-file: expected a list");
+    for (size_t i = 0; i < j.size(); ++i) {
+      const std::string what = absl::StrCat("--trajectories-file[", i, "]");
+      if (!j[i].is_object() || !j[i].contains("prompt") || !j[i].contains("completion")) {
+        return absl::InvalidArgumentError(what +
+                                          ": expected {\"prompt\": [...], \"completion\": [...]}");
+      }
+      SW_ASSIGN_OR_RETURN(std::vector<int64_t> p, TokenList(j[i]["prompt"], what + ".prompt"));
+      SW_ASSIGN_OR_RETURN(std::vector<int64_t> c,
+                          TokenList(j[i]["completion"], what + ".completion"));
+      if (p.empty()) return absl::InvalidArgumentError(what + ".prompt: empty");
+      if (static_cast<int64_t>(c.size()) > max_new_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ".completion: ", c.size(), " tokens > --max-new-tokens ", max_new_tokens));
+      }
+      prompts.push_back(std::move(p));
+      completions.push_back(std::move(c));
+      finish.push_back("given");
+    }
+  } else if (f.count("tokens-file")) {
+    SW_ASSIGN_OR_RETURN(json j, ReadJson(f.at("tokens-file"), "tokens-file"));
+    if (!j.is_array())
+      return absl::InvalidArgumentError("--tokens-file: expected a list of prompts");
+    GenerateOptions gen;
+    gen.max_new_tokens = max_new_tokens;
+    gen.use_config_eos = !f.count("no-config-eos");
+    if (f.count("stop")) {
+      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIds(f.at("stop"), "stop"));
+    }
+    for (size_t i = 0; i < j.size(); ++i) {
+      SW_ASSIGN_OR_RETURN(std::vector<int64_t> p,
+                          TokenList(j[i], absl::StrCat("--tokens-file[", i, "]")));
+      SW_ASSIGN_OR_RETURN(GenerateResult r, m.engine->Generate(p, gen));
+      prompts.push_back(std::move(p));
+      completions.push_back(std::move(r.tokens));
+      finish.push_back(r.finish_reason);
+    }
+  } else {
+    return absl::InvalidArgumentError("give --tokens-file or --trajectories-file");
+  }
+
+  std::vector<std::vector<int64_t>> trajectories;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (completions[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("response ", i, ": empty completion"));
+    }
+    std::vector<int64_t> t = prompts[i];
+    t.insert(t.end(), completions[i].begin(), completions[i].end());
+    trajectories.push_back(std::move(t));
+  }
+  SW_ASSIGN_OR_RETURN(std::vector<at::Tensor> features,
+                      ContextFeatures(*m.engine, dc, trajectories, m.drafter->dtype()));
+
+  std::vector<ResponseAcceptance> results;
+  std::vector<double> seconds;
+  absl::Status status = RunGuarded("replay", [&]() -> absl::Status {
+    AcceptanceReplay replay(m.drafter.get());
+    std::vector<ReplayInput> inputs;
+    for (size_t i = 0; i < trajectories.size(); ++i) {
+      const int64_t P = static_cast<int64_t>(prompts[i].size());
+      inputs.push_back({&trajectories[i], &features[i], P, P + max_new_tokens});
+    }
+    for (int64_t rep = 0; rep < repeat; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      results = replay.RunBatch(inputs, options);
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return absl::OkStatus();
+  });
+  SW_RETURN_IF_ERROR(status);
+  SW_RETURN_IF_ERROR(ValidateAcceptance(results, dc.block_size));
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+
+  json out;
+  out["drafter"] = f.at("drafter");
+  out["block_size"] = dc.block_size;
+  out["target_layer_ids"] = dc.target_layer_ids;
+  out["mask_token_id"] = dc.mask_token_id;
+  json responses = json::array();
+  int64_t dflash_blocks = 0, all_blocks = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const ResponseAcceptance& r = results[i];
+    json dd = json::object();
+    for (const auto& [budget, lengths] : r.ddtree_step_lengths) {
+      dd[std::to_string(budget)] = lengths;
+      all_blocks += static_cast<int64_t>(lengths.size());
+    }
+    dflash_blocks += static_cast<int64_t>(r.step_lengths.size());
+    responses.push_back({{"prompt_tokens", r.prompt_tokens},
+                         {"completion_tokens", r.completion_tokens},
+                         {"completion", completions[i]},
+                         {"finish_reason", finish[i]},
+                         {"step_lengths", r.step_lengths},
+                         {"ddtree", dd}});
+  }
+  all_blocks += dflash_blocks;
+  out["responses"] = responses;
+  out["summary"] = json::parse(AcceptanceSummaryToJson(Summarize(results, dc.block_size)));
+  out["timing"] = {{"replay_seconds", median},
+                   {"replay_seconds_all", seconds},
+                   {"dflash_blocks", dflash_blocks},
+                   {"blocks", all_blocks},
+                   {"blocks_per_second", median > 0 ? all_blocks / median : 0.0},
+                   {"threads", at::get_num_threads()},
+                   {"batch", options.max_batch}};
+  std::cout << out.dump() << "\n";
+  return absl::OkStatus();
+}
+
+// draft: case.{i}.features [T_i, n × H] plus metadata cases = [{"steps": [{"context_end": e,
+// "anchor": a, "len": l}, ...]}, ...]. Each step appends context rows up to e and drafts the block
+// at start e (the cache persists across a case's steps, as in dflash's loop).
+absl::Status RunDraft(const Flags& f) {
+  SW_ASSIGN_OR_RETURN(Models m, LoadModels(f));
+  if (!f.count("cases") || !f.count("out")) {
+    return absl::InvalidArgumentError("draft needs --cases and --out");
+  }
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(f.at("cases")));
+  auto meta = in->metadata().find("cases");
+  if (meta == in->metadata().end()) {
+    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
+  }
+  json cases = json::parse(meta->second, nullptr, false);
+  if (cases.is_discarded() || !cases.is_array()) {
+    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a JSON list");
+  }
+  std::vector<std::pair<std::string, at::Tensor>> outputs;
+  absl::Status status = RunGuarded("draft", [&]() -> absl::Status {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const TensorView* view = in->Find(absl::StrCat("case.", i, ".features"));
+      if (view == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("--cases: case.", i, ".features missing"));
+      }
+      at::Tensor features = WrapView(*view);
+      auto cache = m.drafter->NewCache(features.size(0) + m.drafter->config().block_size);
+      const json& steps = cases[i]["steps"];
+      for (size_t j = 0; j < steps.size(); ++j) {
+        const int64_t end = steps[j].at("context_end").get<int64_t>();
+        const int64_t anchor = steps[j].at("anchor").get<int64_t>();
+        const int64_t len = steps[j].value("len", int64_t{0});
+        if (end < cache->length() || end > features.size(0)) {
+          return absl::InvalidArgumentError(absl::StrCat("case ", i, " step ", j, ": context_end ",
+                                                         end, " outside [", cache->length(), ", ",
+                                                         features.size(0), "]"));
+        }
+        m.drafter->AppendContext(*cache,
+                                 features.narrow(0, cache->length(), end - cache->length()));
+        at::Tensor hidden = m.drafter->DraftHidden(*cache, anchor, end, len);
+        at::Tensor logits = m.drafter->Logits(hidden.narrow(0, 1, hidden.size(0) - 1));
+        const std::string p = absl::StrCat("case.", i, ".step.", j, ".");
+        outputs.emplace_back(p + "hidden", hidden.to(at::kCPU, at::kFloat).contiguous());
+        outputs.emplace_back(p + "logits", logits.to(at::kCPU, at::kFloat).contiguous());
+      }
+    }
+    return absl::OkStatus();
+  });
+  SW_RETURN_IF_ERROR(status);
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [name, t] : outputs) {
+    tensors.push_back(
+        {name, DType::kF32, t.sizes().vec(),
+         std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
+  }
+  SW_RETURN_IF_ERROR(WriteSafetensors(f.at("out"), tensors));
+  std::cout << json({{"tensors", outputs.size()}}).dump() << "\n";
+  return absl::OkStatus();
+}
+
+// ddtree: {"budgets": [...], "cases": [{"log_probs": [[...], ...], "truth": [...]}]} →
+// {"accepted": [[a for each budget] for each case]}.
+absl::Status RunDDTree(const Flags& f) {
+  if (!f.count("cases")) return absl::InvalidArgumentError("ddtree needs --cases");
+  SW_ASSIGN_OR_RETURN(json in, ReadJson(f.at("cases"), "cases"));
+  std::vector<int32_t> budgets = in.at("budgets").get<std::vector<int32_t>>();
+  json accepted = json::array();
+  absl::Status status = RunGuarded("ddtree", [&]() -> absl::Status {
+    for (const json& c : in.at("cases")) {
+      const auto rows = c.at("log_probs").get<std::vector<std::vector<float>>>();
+      const auto truth = c.at("truth").get<std::vector<int64_t>>();
+      const int64_t D = static_cast<int64_t>(rows.size()), V = D ? rows[0].size() : 0;
+      at::Tensor lp = at::empty({D, V}, at::kFloat);
+      for (int64_t d = 0; d < D; ++d) {
+        if (static_cast<int64_t>(rows[d].size()) != V) {
+          return absl::InvalidArgumentError("ddtree: ragged log_probs");
+        }
+        std::copy(rows[d].begin(), rows[d].end(), lp.data_ptr<float>() + d * V);
+      }
+      json row = json::array();
+      for (int32_t b : budgets) row.push_back(DDTreeAccepted(lp, truth, b));
+      accepted.push_back(row);
+    }
+    return absl::OkStatus();
+  });
+  SW_RETURN_IF_ERROR(status);
+  std::cout << json({{"accepted", accepted}}).dump() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return absl::OkStatus();
+  }
+  std::string command = "replay";
+  int first = 1;
+  if (!std::string(argv[1]).starts_with("--")) {
+    command = argv[1];
+    first = 2;
+  }
+  SW_ASSIGN_OR_RETURN(Flags f, ParseFlags(argc, argv, first));
+  if (f.count("help")) {
+    std::cout << kUsage;
+    return absl::OkStatus();
+  }
+  if (f.count("threads")) {
+    int n;
+    if (!absl::SimpleAtoi(f.at("threads"), &n) || n <= 0) {
+      return absl::InvalidArgumentError("--threads must be a positive integer");
+    }
+    at::set_num_threads(n);
+  }
+  if (command == "replay") return RunReplay(f);
+  if (command == "draft") return RunDraft(f);
+  if (command == "ddtree") return RunDDTree(f);
+  return absl::InvalidArgumentError("unknown command " + command);
+}
+
+}  // namespace
+}  // namespace specwire
+
+int main(int argc, char** argv) {
+  absl::Status s;
+  try {
+    s = specwire::Run(argc, argv);
+  } catch (const std::exception& e) {  // JSON type errors in --cases files
+    s = absl::InvalidArgumentError(e.what());
+  }
+  if (!s.ok()) {
+    std::cerr << "specwire-replay: " << s.ToString() << "\n";
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

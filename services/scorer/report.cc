@@ -1,0 +1,443 @@
+#include "services/scorer/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace specwire {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// The drafter section: everything known about it, and its config.json as an object.
+json DrafterJson(const ScoreReport& r) {
+  json d;
+  d["path"] = r.drafter_path.empty() ? r.drafter.path : r.drafter_path;
+  json config = nullptr;
+  if (!r.drafter.config_json.empty()) {
+    config = json::parse(r.drafter.config_json, nullptr, false);
+    if (config.is_discarded()) config = r.drafter.config_json;  // kept as text
+  }
+  d["config"] = config;
+  d["loaded_by_scorer"] = r.drafter_loaded;
+  if (r.drafter_loaded) {
+    d["block_size"] = r.drafter.block_size;
+    d["num_layers"] = r.drafter.num_layers;
+    d["hidden_size"] = r.drafter.hidden_size;
+    d["target_hidden_size"] = r.drafter.target_hidden_size;
+    d["fc_in_features"] = r.drafter.fc_in_features;
+    d["num_target_layers"] = r.drafter.num_target_layers;
+    d["target_layer_ids"] = r.drafter.target_layer_ids;
+    d["mask_token_id"] = r.drafter.mask_token_id;
+    d["vocab_size"] = r.drafter.vocab_size;
+    d["dtype"] = r.drafter.dtype;
+    d["device"] = r.drafter.device;
+  } else {
+    d["block_size"] = r.summary.block_size;
+  }
+  return d;
+}
+
+// --- SVG ---------------------------------------------------------------------------------------
+
+constexpr int kW = 640, kH = 300;
+constexpr int kLeft = 56, kRight = 16, kTop = 42, kBottom = 46;
+constexpr int kPlotW = kW - kLeft - kRight, kPlotH = kH - kTop - kBottom;
+
+std::string SvgOpen(const std::string& id, const std::string& title) {
+  return absl::StrCat("<svg id=\"", id, "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"", kW,
+                      "\" height=\"", kH, "\" viewBox=\"0 0 ", kW, " ", kH,
+                      "\" role=\"img\" aria-label=\"", HtmlEscape(title), "\">\n<title>",
+                      HtmlEscape(title), "</title>\n<rect x=\"0\" y=\"0\" width=\"", kW,
+                      "\" height=\"", kH, "\" fill=\"#ffffff\"/>\n<text x=\"", kW / 2,
+                      "\" y=\"18\" text-anchor=\"middle\" font-size=\"14\" font-weight=\"bold\">",
+                      HtmlEscape(title), "</text>\n");
+}
+
+// Y axis with 5 gridlines from 0 to y_max, and the axis titles.
+std::string Axes(double y_max, const std::string& y_label, const std::string& x_label,
+                 int y_digits) {
+  std::string s;
+  for (int i = 0; i <= 4; ++i) {
+    const double v = y_max * i / 4.0;
+    const double y = kTop + kPlotH - kPlotH * i / 4.0;
+    absl::StrAppend(&s, "<line x1=\"", kLeft, "\" x2=\"", kLeft + kPlotW, "\" y1=\"", Fixed(y, 1),
+                    "\" y2=\"", Fixed(y, 1), "\" stroke=\"#dddddd\"/>\n<text x=\"", kLeft - 6,
+                    "\" y=\"", Fixed(y + 4, 1), "\" text-anchor=\"end\" font-size=\"11\">",
+                    Fixed(v, y_digits), "</text>\n");
+  }
+  absl::StrAppend(&s, "<line x1=\"", kLeft, "\" x2=\"", kLeft, "\" y1=\"", kTop, "\" y2=\"",
+                  kTop + kPlotH, "\" stroke=\"#333333\"/>\n<line x1=\"", kLeft, "\" x2=\"",
+                  kLeft + kPlotW, "\" y1=\"", kTop + kPlotH, "\" y2=\"", kTop + kPlotH,
+                  "\" stroke=\"#333333\"/>\n");
+  absl::StrAppend(&s, "<text x=\"", kLeft + kPlotW / 2, "\" y=\"", kH - 8,
+                  "\" text-anchor=\"middle\" font-size=\"12\">", HtmlEscape(x_label), "</text>\n");
+  absl::StrAppend(&s, "<text x=\"14\" y=\"", kTop + kPlotH / 2,
+                  "\" text-anchor=\"middle\" font-size=\"12\" transform=\"rotate(-90 14 ",
+                  kTop + kPlotH / 2, ")\">", HtmlEscape(y_label), "</text>\n");
+  return s;
+}
+
+struct Bar {
+  std::string label;
+  double value = 0;
+  std::string tooltip;
+  std::string value_label;  // printed above the bar when there are few bars
+};
+
+std::string BarChart(const std::string& id, const std::string& title, const std::vector<Bar>& bars,
+                     double y_max, const std::string& y_label, const std::string& x_label,
+                     int y_digits, const std::string& color) {
+  std::string s = SvgOpen(id, title);
+  if (y_max <= 0) y_max = 1;
+  absl::StrAppend(&s, Axes(y_max, y_label, x_label, y_digits));
+  const double slot = bars.empty() ? kPlotW : static_cast<double>(kPlotW) / bars.size();
+  const double width = std::max(1.0, slot * 0.75);
+  // Label every k-th bar so labels never collide.
+  const size_t every = std::max<size_t>(1, static_cast<size_t>(std::ceil(bars.size() / 32.0)));
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const double v = std::clamp(bars[i].value, 0.0, y_max);
+    const double h = kPlotH * v / y_max;
+    const double x = kLeft + slot * i + (slot - width) / 2;
+    const double y = kTop + kPlotH - h;
+    absl::StrAppend(&s, "<rect class=\"bar\" x=\"", Fixed(x, 1), "\" y=\"", Fixed(y, 1),
+                    "\" width=\"", Fixed(width, 1), "\" height=\"", Fixed(h, 1), "\" fill=\"",
+                    color, "\"><title>", HtmlEscape(bars[i].tooltip), "</title></rect>\n");
+    if (bars.size() <= 32 && !bars[i].value_label.empty()) {
+      absl::StrAppend(&s, "<text x=\"", Fixed(x + width / 2, 1), "\" y=\"", Fixed(y - 4, 1),
+                      "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#444444\">",
+                      HtmlEscape(bars[i].value_label), "</text>\n");
+    }
+    if (i % every == 0) {
+      absl::StrAppend(&s, "<text x=\"", Fixed(x + width / 2, 1), "\" y=\"", kTop + kPlotH + 14,
+                      "\" text-anchor=\"middle\" font-size=\"11\">", HtmlEscape(bars[i].label),
+                      "</text>\n");
+    }
+  }
+  if (bars.empty()) {
+    absl::StrAppend(&s, "<text x=\"", kLeft + kPlotW / 2, "\" y=\"", kTop + kPlotH / 2,
+                    "\" text-anchor=\"middle\" font-size=\"12\">no data</text>\n");
+  }
+  absl::StrAppend(&s, "</svg>\n");
+  return s;
+}
+
+// An axis top at or above v whose quarter gridlines fall on round integers: 4 × a step of
+// 1, 2 or 5 × 10^k.
+double NiceCeil(double v) {
+  const double quarter = std::max(v / 4.0, 1.0);
+  const double p = std::pow(10.0, std::floor(std::log10(quarter)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * p >= quarter) return 4 * m * p;
+  }
+  return 40 * p;
+}
+
+}  // namespace
+
+std::string HtmlEscape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string PerPositionSvg(const AcceptanceSummary& s) {
+  std::vector<Bar> bars;
+  for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
+    const int64_t accepted =
+        k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0;
+    bars.push_back({std::to_string(k + 1), s.per_position_acceptance[k],
+                    absl::StrCat("position ", k + 1, ": ", Fixed(s.per_position_acceptance[k], 3),
+                                 " (", accepted, " accepted)"),
+                    Fixed(s.per_position_acceptance[k], 2)});
+  }
+  return BarChart("per-position-acceptance",
+                  "Per-position acceptance (conditional on the earlier positions)", bars, 1.0,
+                  "P(accepted | earlier accepted)", "draft position", 2, "#4c78a8");
+}
+
+std::string TauHistogramSvg(const AcceptanceSummary& s) {
+  std::vector<Bar> bars;
+  int64_t top = 0;
+  for (int64_t c : s.histogram) top = std::max(top, c);
+  for (size_t i = 0; i < s.histogram.size(); ++i) {
+    const double share = s.steps ? static_cast<double>(s.histogram[i]) / s.steps : 0.0;
+    bars.push_back({std::to_string(i + 1), static_cast<double>(s.histogram[i]),
+                    absl::StrCat("length ", i + 1, ": ", s.histogram[i], " steps (",
+                                 Fixed(100 * share, 1), "%)"),
+                    std::to_string(s.histogram[i])});
+  }
+  return BarChart(
+      "tau-histogram", absl::StrCat("Acceptance length per step (1..", s.block_size, ")"), bars,
+      NiceCeil(static_cast<double>(top)), "steps", "tokens per step (a + 1)", 0, "#f58518");
+}
+
+std::string DDTreeCurveSvg(const AcceptanceSummary& s) {
+  const std::string title = "DDTree-N: τ by node budget";
+  std::string out = SvgOpen("ddtree-budget-curve", title);
+  double y_max = std::max(1.0, s.tau_mean_of_means);
+  for (const auto& [b, tau] : s.ddtree_tau) y_max = std::max({y_max, tau.first, tau.second});
+  y_max = std::ceil(y_max + 0.5);
+  absl::StrAppend(&out, Axes(y_max, "τ (tokens per step)", "node budget N (log scale)", 1));
+  auto y_of = [&](double v) { return kTop + kPlotH - kPlotH * std::clamp(v, 0.0, y_max) / y_max; };
+  // DFlash (a single block of B − 1 drafts) as the reference line.
+  const double yd = y_of(s.tau_mean_of_means);
+  absl::StrAppend(&out, "<line class=\"dflash\" x1=\"", kLeft, "\" x2=\"", kLeft + kPlotW,
+                  "\" y1=\"", Fixed(yd, 1), "\" y2=\"", Fixed(yd, 1),
+                  "\" stroke=\"#888888\" stroke-dasharray=\"6 4\"/>\n<text x=\"", kLeft + 6,
+                  "\" y=\"", Fixed(yd - 5, 1),
+                  "\" text-anchor=\"start\" font-size=\"11\" fill=\"#555555\">DFlash τ ",
+                  Fixed(s.tau_mean_of_means, 2), "</text>\n");
+  if (s.ddtree_tau.empty()) {
+    absl::StrAppend(
+        &out, "<text x=\"", kLeft + kPlotW / 2, "\" y=\"", kTop + kPlotH / 2,
+        "\" text-anchor=\"middle\" font-size=\"12\">no DDTree budgets scored</text>\n</svg>\n");
+    return out;
+  }
+  const double lo = std::log2(static_cast<double>(s.ddtree_tau.begin()->first));
+  const double hi = std::log2(static_cast<double>(s.ddtree_tau.rbegin()->first));
+  // Points start right of the DFlash label.
+  auto x_of = [&](int32_t b) {
+    if (hi <= lo) return kLeft + kPlotW / 2.0;
+    return kLeft + 110 + (kPlotW - 130) * (std::log2(static_cast<double>(b)) - lo) / (hi - lo);
+  };
+  std::string points;
+  for (const auto& [b, tau] : s.ddtree_tau) {
+    absl::StrAppend(&points, points.empty() ? "" : " ", Fixed(x_of(b), 1), ",",
+                    Fixed(y_of(tau.first), 1));
+  }
+  absl::StrAppend(&out, "<polyline points=\"", points,
+                  "\" fill=\"none\" stroke=\"#54a24b\" stroke-width=\"2\"/>\n");
+  for (const auto& [b, tau] : s.ddtree_tau) {
+    const double x = x_of(b), y = y_of(tau.first);
+    absl::StrAppend(
+        &out, "<circle class=\"point\" cx=\"", Fixed(x, 1), "\" cy=\"", Fixed(y, 1),
+        "\" r=\"4\" fill=\"#54a24b\"><title>DDTree-", b, ": τ ", Fixed(tau.first, 3), " (pooled ",
+        Fixed(tau.second, 3), ")</title></circle>\n<text x=\"", Fixed(x, 1), "\" y=\"",
+        kTop + kPlotH + 14, "\" text-anchor=\"middle\" font-size=\"11\">", b, "</text>\n<text x=\"",
+        Fixed(x, 1), "\" y=\"", Fixed(y - 8, 1), "\" text-anchor=\"middle\" font-size=\"11\">",
+        Fixed(tau.first, 2), "</text>\n");
+  }
+  absl::StrAppend(&out, "</svg>\n");
+  return out;
+}
+
+std::string ReportToJson(const ScoreReport& r) {
+  json j;
+  j["specwire_version"] = SPECWIRE_VERSION;
+  j["created"] = r.created;
+  j["mode"] = r.mode;
+  j["endpoint"] = r.endpoint;
+  j["extractors"] = r.extractors;
+  j["labels"] = {
+      {"drafter", r.labels.drafter}, {"dataset", r.labels.dataset}, {"method", r.labels.method}};
+  j["request"] = {{"drafter_path", r.drafter_path},
+                  {"dataset_path", r.dataset_path},
+                  {"max_new_tokens", r.max_new_tokens},
+                  {"max_prompts", r.max_prompts},
+                  {"ddtree_budgets", r.ddtree_budgets}};
+  j["contract"] = json::parse(ContractToJson(r.contract));
+  j["drafter"] = DrafterJson(r);
+  j["summary"] = json::parse(AcceptanceSummaryToJson(r.summary));
+  json prompts = json::array();
+  for (const PromptScore& p : r.prompts) {
+    json dd = json::object();
+    for (const auto& [b, lengths] : p.acceptance.ddtree_step_lengths)
+      dd[std::to_string(b)] = lengths;
+    prompts.push_back({{"prompt_index", p.prompt_index},
+                       {"prompt_tokens", p.acceptance.prompt_tokens},
+                       {"completion_tokens", p.acceptance.completion_tokens},
+                       {"finish_reason", p.finish_reason},
+                       {"tau", p.tau},
+                       {"step_lengths", p.acceptance.step_lengths},
+                       {"ddtree_step_lengths", dd}});
+  }
+  j["prompts"] = prompts;
+  j["seconds"] = r.seconds;
+  return j.dump(2) + "\n";
+}
+
+std::string SummaryTable(const ScoreReport& r) {
+  const AcceptanceSummary& s = r.summary;
+  std::string t;
+  absl::StrAppend(&t, "drafter ", r.labels.drafter, " | dataset ", r.labels.dataset, " | method ",
+                  r.labels.method, "\n");
+  absl::StrAppend(&t, "target  ", r.contract.architecture, " (", r.contract.num_layers,
+                  " layers, hidden ", r.contract.hidden_size, ", ", r.contract.compute_dtype,
+                  ")\n");
+  absl::StrAppend(&t, "prompts ", s.responses, ", steps ", s.steps, ", block size ", s.block_size,
+                  "\n\n");
+  auto row = [&](const std::string& name, const std::string& value) {
+    std::string padded = name;
+    padded.resize(std::max<size_t>(padded.size(), 28), ' ');
+    absl::StrAppend(&t, "  ", padded, value, "\n");
+  };
+  row("tau (mean of means)", Fixed(s.tau_mean_of_means, 3));
+  row("tau (pooled)", Fixed(s.tau_pooled, 3));
+  for (const auto& [b, tau] : s.ddtree_tau) {
+    row(absl::StrCat("DDTree-", b, " tau"),
+        absl::StrCat(Fixed(tau.first, 3), "  (pooled ", Fixed(tau.second, 3), ")"));
+  }
+  row("acceptance rate", absl::StrCat(Fixed(s.acceptance_rate, 4), "  (", s.num_accepted_tokens,
+                                      " / ", s.num_draft_tokens, " draft tokens)"));
+  absl::StrAppend(&t, "\n  per-position acceptance (conditional)\n");
+  for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
+    const double p = s.per_position_acceptance[k];
+    std::string bar(static_cast<size_t>(std::lround(std::clamp(p, 0.0, 1.0) * 40)), '#');
+    char line[64];
+    std::snprintf(line, sizeof(line), "    pos %2zu  %.4f  ", k + 1, p);
+    absl::StrAppend(&t, line, bar, "\n");
+  }
+  return t;
+}
+
+std::string ReportToHtml(const ScoreReport& r) {
+  const AcceptanceSummary& s = r.summary;
+  const std::string title =
+      absl::StrCat("specwire score: ", r.labels.drafter, " on ", r.labels.dataset);
+  std::string h;
+  absl::StrAppend(
+      &h, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>",
+      HtmlEscape(title), "</title>\n<style>\n",
+      "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}\n",
+      "table{border-collapse:collapse;margin:0.5em 0 1.5em}\n",
+      "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}\n",
+      "th{background:#f3f3f3}\n td.num{text-align:right;font-variant-numeric:tabular-nums}\n",
+      "figure{margin:1em 0}\n pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}\n",
+      ".steps{font-family:monospace;font-size:11px;word-break:break-all}\n",
+      "</style>\n</head>\n<body>\n<h1>", HtmlEscape(title), "</h1>\n");
+  absl::StrAppend(&h, "<p>", HtmlEscape(r.created), " &middot; ", HtmlEscape(r.mode), " (",
+                  HtmlEscape(r.endpoint), ") &middot; method ", HtmlEscape(r.labels.method),
+                  " &middot; specwire ", SPECWIRE_VERSION, "</p>\n");
+
+  auto kv = [](const std::string& k, const std::string& v) {
+    return absl::StrCat("<tr><th>", HtmlEscape(k), "</th><td class=\"num\">", HtmlEscape(v),
+                        "</td></tr>\n");
+  };
+  absl::StrAppend(&h, "<section id=\"summary\">\n<h2>Summary</h2>\n<table>\n");
+  absl::StrAppend(&h, kv("τ (mean of means)", Fixed(s.tau_mean_of_means, 4)),
+                  kv("τ (pooled)", Fixed(s.tau_pooled, 4)));
+  for (const auto& [b, tau] : s.ddtree_tau) {
+    absl::StrAppend(&h, kv(absl::StrCat("DDTree-", b, " τ (mean of means / pooled)"),
+                           absl::StrCat(Fixed(tau.first, 4), " / ", Fixed(tau.second, 4))));
+  }
+  absl::StrAppend(
+      &h, kv("responses", std::to_string(s.responses)), kv("steps", std::to_string(s.steps)),
+      kv("block size", std::to_string(s.block_size)),
+      kv("drafts (num_drafts)", std::to_string(s.num_drafts)),
+      kv("draft tokens (num_draft_tokens)", std::to_string(s.num_draft_tokens)),
+      kv("accepted tokens (num_accepted_tokens)", std::to_string(s.num_accepted_tokens)),
+      kv("acceptance rate", Fixed(s.acceptance_rate, 4)),
+      kv("max_new_tokens", std::to_string(r.max_new_tokens)), kv("seconds", Fixed(r.seconds, 2)));
+  absl::StrAppend(&h, "</table>\n</section>\n");
+
+  absl::StrAppend(&h, "<section id=\"charts\">\n<h2>Charts</h2>\n<figure>\n", PerPositionSvg(s),
+                  "<figcaption>P(draft position k accepted | positions &lt; k "
+                  "accepted).</figcaption>\n</figure>\n",
+                  "<figure>\n", TauHistogramSvg(s),
+                  "<figcaption>Steps by committed tokens (accepted drafts + the bonus "
+                  "token).</figcaption>\n</figure>\n",
+                  "<figure>\n", DDTreeCurveSvg(s),
+                  "<figcaption>DDTree-N τ (mean of means) per node budget; dashed: DFlash "
+                  "τ.</figcaption>\n</figure>\n",
+                  "</section>\n");
+
+  absl::StrAppend(&h, "<section id=\"per-position\">\n<h2>Per-position acceptance</h2>\n<table>\n",
+                  "<tr><th>position</th><th>conditional acceptance</th><th>accepted "
+                  "(num_accepted_tokens_per_pos)</th></tr>\n");
+  for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
+    absl::StrAppend(&h, "<tr><td class=\"num\">", k + 1, "</td><td class=\"num\">",
+                    Fixed(s.per_position_acceptance[k], 4), "</td><td class=\"num\">",
+                    k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0,
+                    "</td></tr>\n");
+  }
+  absl::StrAppend(&h, "</table>\n</section>\n");
+
+  const ExtractionContract& c = r.contract;
+  absl::StrAppend(
+      &h, "<section id=\"contract\">\n<h2>Extraction contract</h2>\n<table>\n",
+      kv("architecture", c.architecture), kv("model_type", c.model_type),
+      kv("source_layout", c.source_layout), kv("num_layers", std::to_string(c.num_layers)),
+      kv("hidden_size", std::to_string(c.hidden_size)),
+      kv("vocab_size", std::to_string(c.vocab_size)), kv("compute_dtype", c.compute_dtype),
+      kv("kernel_variant", c.kernel_variant), kv("weights_digest", c.weights_digest),
+      kv("tokenizer_digest", c.tokenizer_digest), kv("devices", absl::StrJoin(c.devices, ", ")),
+      kv("specwire_version", c.specwire_version),
+      kv("extractors", absl::StrJoin(r.extractors, ", ")), "</table>\n</section>\n");
+
+  absl::StrAppend(&h, "<section id=\"drafter\">\n<h2>Drafter</h2>\n<table>\n",
+                  kv("path", r.drafter_path.empty() ? r.drafter.path : r.drafter_path));
+  if (r.drafter_loaded) {
+    absl::StrAppend(&h, kv("block_size", std::to_string(r.drafter.block_size)),
+                    kv("layers", std::to_string(r.drafter.num_layers)),
+                    kv("hidden_size", std::to_string(r.drafter.hidden_size)),
+                    kv("num_target_layers", std::to_string(r.drafter.num_target_layers)),
+                    kv("target_layer_ids", absl::StrJoin(r.drafter.target_layer_ids, ", ")),
+                    kv("mask_token_id", std::to_string(r.drafter.mask_token_id)),
+                    kv("dtype / device", r.drafter.dtype + " / " + r.drafter.device));
+  }
+  absl::StrAppend(&h, "</table>\n");
+  if (!r.drafter.config_json.empty()) {
+    absl::StrAppend(&h, "<details><summary>config.json</summary>\n<pre>",
+                    HtmlEscape(r.drafter.config_json), "</pre>\n</details>\n");
+  }
+  absl::StrAppend(&h, "</section>\n");
+
+  absl::StrAppend(
+      &h,
+      "<section id=\"prompts\">\n<h2>Prompts</h2>\n<table>\n<tr><th>#</th><th>prompt tokens</th>",
+      "<th>completion tokens</th><th>finish</th><th>τ</th><th>steps</th>");
+  for (int32_t b : r.ddtree_budgets) absl::StrAppend(&h, "<th>DDTree-", b, " τ</th>");
+  absl::StrAppend(&h, "<th>step lengths</th></tr>\n");
+  for (const PromptScore& p : r.prompts) {
+    absl::StrAppend(&h, "<tr><td class=\"num\">", p.prompt_index, "</td><td class=\"num\">",
+                    p.acceptance.prompt_tokens, "</td><td class=\"num\">",
+                    p.acceptance.completion_tokens, "</td><td>", HtmlEscape(p.finish_reason),
+                    "</td><td class=\"num\">", Fixed(p.tau, 3), "</td><td class=\"num\">",
+                    p.acceptance.step_lengths.size(), "</td>");
+    for (int32_t b : r.ddtree_budgets) {
+      auto it = p.acceptance.ddtree_step_lengths.find(b);
+      absl::StrAppend(
+          &h, "<td class=\"num\">",
+          it == p.acceptance.ddtree_step_lengths.end() ? "" : Fixed(MeanStepLength(it->second), 3),
+          "</td>");
+    }
+    absl::StrAppend(&h, "<td class=\"steps\">", absl::StrJoin(p.acceptance.step_lengths, " "),
+                    "</td></tr>\n");
+  }
+  absl::StrAppend(&h, "</table>\n</section>\n</body>\n</html>\n");
+  return h;
+}
+
+}  // namespace specwire

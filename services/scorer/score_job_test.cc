@@ -1,0 +1,598 @@
+#include "services/scorer/score_job.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/safetensors.h"
+#include "services/scorer/scorer_test_fakes.h"
+
+namespace specwire {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FakeBackend;
+using testing::FakeContract;
+using testing::FakeDrafter;
+using testing::FakeEndpoint;
+
+fs::path TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / absl::StrCat("score_job_test_", name, "_", ::getpid());
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void WriteText(const fs::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+}
+
+// --- the contract check -------------------------------------------------------------------------
+
+DrafterSpec Qwen36Drafter() {
+  DrafterSpec d;
+  d.path = "/drafters/Qwen3.6-27B-DFlash";
+  d.block_size = 16;
+  d.hidden_size = 5120;
+  d.target_hidden_size = 5120;
+  d.fc_in_features = 5 * 5120;
+  d.num_target_layers = 64;
+  d.target_layer_ids = {1, 16, 31, 46, 61};
+  d.mask_token_id = 248070;
+  d.vocab_size = 248320;
+  return d;
+}
+
+ExtractionContract Qwen36Target() {
+  ExtractionContract c = FakeContract(64, 5120, 248320);
+  c.architecture = "Qwen3_5ForCausalLM";
+  return c;
+}
+
+TEST(CheckDrafterContract, MatchingTargetPasses) {
+  EXPECT_TRUE(CheckDrafterContract(Qwen36Drafter(), Qwen36Target()).ok());
+  EXPECT_TRUE(CheckDrafterContract(FakeDrafter(), FakeContract()).ok());
+}
+
+TEST(CheckDrafterContract, WrongDepthNamesNumTargetLayersWithBothValues) {
+  ExtractionContract t = FakeContract(36, 5120, 248320);  // a Qwen3-8B-sized depth
+  absl::Status s = CheckDrafterContract(Qwen36Drafter(), t);
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("num_target_layers: drafter expects 64, extractor serves 36"),
+            std::string::npos)
+      << s;
+  // Layer ids beyond the target are named too, with the layer and the target's range.
+  EXPECT_NE(s.message().find(
+                "target_layer_ids[3]: drafter uses layer 46, extractor serves layers [0, 36)"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("target_layer_ids[2]"), std::string::npos) << s;  // 31 < 36
+}
+
+TEST(CheckDrafterContract, ThreeLayerExtractor) {
+  absl::Status s = CheckDrafterContract(Qwen36Drafter(), FakeContract(3, 5120, 248320));
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("num_target_layers: drafter expects 64, extractor serves 3"),
+            std::string::npos)
+      << s;
+}
+
+TEST(CheckDrafterContract, WrongHiddenSizeShowsTheFcArithmetic) {
+  absl::Status s = CheckDrafterContract(Qwen36Drafter(), FakeContract(64, 4096, 248320));
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("hidden_size: drafter expects 5120 (fc in_features 25600 / 5 target "
+                             "layers), extractor serves 4096"),
+            std::string::npos)
+      << s;
+}
+
+TEST(CheckDrafterContract, VocabularyAndMaskToken) {
+  absl::Status s = CheckDrafterContract(Qwen36Drafter(), FakeContract(64, 5120, 151936));
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("vocab_size: drafter expects 248320, extractor serves 151936"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(
+      s.message().find("mask_token_id: drafter uses 248070, extractor's vocabulary is [0, 151936)"),
+      std::string::npos)
+      << s;
+}
+
+TEST(CheckDrafterContract, UnstatedDepthIsNotAMismatch) {
+  DrafterSpec d = Qwen36Drafter();
+  d.num_target_layers = 0;  // config.json without num_target_layers
+  EXPECT_TRUE(CheckDrafterContract(d, FakeContract(62, 5120, 248320)).ok());
+  EXPECT_FALSE(CheckDrafterContract(d, FakeContract(61, 5120, 248320)).ok());  // layer 61
+}
+
+TEST(CheckSameTarget, NamesFieldAndBothAddresses) {
+  ExtractionContract a = FakeContract(), b = FakeContract();
+  EXPECT_TRUE(CheckSameTarget("h1:1", a, "h2:2", b).ok());
+  b.weights_digest = "xxh3-128:other";
+  absl::Status s = CheckSameTarget("h1:1", a, "h2:2", b);
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("weights_digest: h1:1 serves " + a.weights_digest +
+                             ", h2:2 serves xxh3-128:other"),
+            std::string::npos)
+      << s;
+  b = FakeContract();
+  b.compute_dtype = "bfloat16";
+  EXPECT_NE(CheckSameTarget("h1:1", a, "h2:2", b).message().find("compute_dtype"),
+            std::string::npos);
+}
+
+// --- prompts, features ------------------------------------------------------------------------
+
+TEST(ReadPromptDataset, TextAndIdsBlankLinesAndLimit) {
+  const fs::path dir = TempDir("dataset");
+  WriteText(dir / "d.jsonl",
+            "{\"prompt\": \"hello\"}\n\n{\"input_ids\": [1, 2, 3]}\n{\"prompt\": \"x\"}\n");
+  auto all = ReadPromptDataset((dir / "d.jsonl").string(), 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_TRUE((*all)[0].is_text);
+  EXPECT_EQ((*all)[0].text, "hello");
+  EXPECT_EQ((*all)[1].token_ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(ReadPromptDataset((dir / "d.jsonl").string(), 2)->size(), 2u);
+
+  WriteText(dir / "bad.jsonl", "{\"prompt\": \"ok\"}\n{\"input_ids\": [1, \"a\"]}\n");
+  auto bad = ReadPromptDataset((dir / "bad.jsonl").string(), 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+  WriteText(dir / "other.jsonl", "{\"question\": \"?\"}\n");
+  EXPECT_NE(
+      ReadPromptDataset((dir / "other.jsonl").string(), 0).status().message().find("expected"),
+      std::string::npos);
+  EXPECT_EQ(ReadPromptDataset((dir / "missing.jsonl").string(), 0).status().code(),
+            absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+TEST(DrafterStates, LastLayerIsTheFinalNormTap) {
+  // dflash reads hidden_states[id + 1]; for id = L − 1 that is transformers' final-normed state.
+  RequestedStates s = DrafterStates({2, 0, 2}, 3);
+  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(s.final_norm);
+  EXPECT_FALSE(s.embedding);
+  s = DrafterStates({1, 16, 31, 46, 61}, 64);
+  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{1, 16, 31, 46, 61}));
+  EXPECT_FALSE(s.final_norm);
+}
+
+TEST(TrajectoryFromReply, StatesInTargetLayerOrder) {
+  FakeEndpoint e("fake:1");
+  GenerateParams p;
+  p.prompts = {InputSequence::Tokens({3, 4})};
+  p.max_new_tokens = 3;
+  p.states = DrafterStates({2, 0}, 3);
+  auto reply = e.Generate(p);
+  ASSERT_TRUE(reply.ok());
+  // Mark the states to tell them apart.
+  for (auto& s : reply->states) s.bytes[0] = s.state == "final_norm" ? std::byte{9} : std::byte{5};
+  auto t = TrajectoryFromReply(*reply, {2, 0}, 3, 3);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->tokens, (std::vector<int64_t>{3, 4, 5, 6, 0}));
+  EXPECT_EQ(t->prompt_len, 2);
+  EXPECT_EQ(t->max_length, 5);
+  ASSERT_EQ(t->states.size(), 2u);
+  EXPECT_EQ(t->states[0].layer_id, 2);
+  EXPECT_EQ(t->states[0].bytes[0], std::byte{9});  // final_norm stands for layer 2
+  EXPECT_EQ(t->states[1].layer_id, 0);
+  EXPECT_EQ(t->states[1].bytes[0], std::byte{5});
+  EXPECT_EQ(t->states[1].rows, 5);
+
+  GenerateReply missing = *e.Generate(p);
+  missing.states.pop_back();
+  EXPECT_EQ(TrajectoryFromReply(missing, {2, 0}, 3, 3).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(ResolveExtractorAddresses, ListsAndDns) {
+  auto list = ResolveExtractorAddresses(" 127.0.0.1:5001, host:5002 ,[::1]:5003");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(*list, (std::vector<std::string>{"127.0.0.1:5001", "host:5002", "[::1]:5003"}));
+  EXPECT_EQ(*ResolveExtractorAddresses("ipv4:10.0.0.1:1,10.0.0.2:1"),
+            (std::vector<std::string>{"10.0.0.1:1", "10.0.0.2:1"}));
+  EXPECT_EQ(ResolveExtractorAddresses("nohost").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveExtractorAddresses("").status().code(), absl::StatusCode::kInvalidArgument);
+  auto dns = ResolveExtractorAddresses("dns:///localhost:5005");
+  ASSERT_TRUE(dns.ok()) << dns.status();
+  ASSERT_FALSE(dns->empty());
+  for (const auto& a : *dns) {
+    EXPECT_TRUE(a == "127.0.0.1:5005" || a == "[::1]:5005") << a;
+  }
+}
+
+TEST(ValidateSpec, Limits) {
+  ScoreRunnerOptions o;
+  o.max_new_tokens = 100;
+  o.max_ddtree_budget = 64;
+  o.max_ddtree_budgets = 2;
+  o.max_prompts = 2;
+  ScoreSpec s;
+  s.drafter_path = "/d";
+  s.prompts = {InputSequence::Tokens({1})};
+  s.max_new_tokens = 10;
+  EXPECT_TRUE(ValidateSpec(s, o).ok());
+  ScoreSpec bad = s;
+  bad.drafter_path.clear();
+  EXPECT_NE(ValidateSpec(bad, o).message().find("drafter_path"), std::string::npos);
+  bad = s;
+  bad.max_new_tokens = 101;
+  EXPECT_NE(ValidateSpec(bad, o).message().find("max_new_tokens: 101"), std::string::npos);
+  bad = s;
+  bad.ddtree_budgets = {8, 128};
+  EXPECT_NE(ValidateSpec(bad, o).message().find("ddtree_budgets[1]: 128"), std::string::npos);
+  bad.ddtree_budgets = {1, 2, 3};
+  EXPECT_NE(ValidateSpec(bad, o).message().find("3 budgets"), std::string::npos);
+  bad = s;
+  bad.prompts.assign(3, InputSequence::Tokens({1}));
+  EXPECT_EQ(ValidateSpec(bad, o).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.dataset_path = "/x.jsonl";
+  EXPECT_NE(ValidateSpec(bad, o).message().find("not both"), std::string::npos);
+  bad = s;
+  bad.prompts.clear();
+  EXPECT_EQ(ValidateSpec(bad, o).code(), absl::StatusCode::kInvalidArgument);
+
+  const fs::path root = TempDir("root");
+  o.data_root = root.string();
+  ScoreSpec inside = s;
+  inside.drafter_path = (root / "drafters" / "a").string();
+  EXPECT_TRUE(ValidateSpec(inside, o).ok());
+  inside.drafter_path = (root / ".." / "elsewhere").string();
+  EXPECT_EQ(ValidateSpec(inside, o).code(), absl::StatusCode::kPermissionDenied);
+  fs::remove_all(root);
+}
+
+TEST(ResolveLabels, Defaults) {
+  ScoreSpec s;
+  s.drafter_path = "/models/Qwen3-8B-DFlash-b16/";
+  s.dataset_path = "/data/gsm8k.jsonl";
+  EXPECT_EQ(ResolveLabels(s), (ScoreLabels{"Qwen3-8B-DFlash-b16", "gsm8k", "dflash"}));
+  s.dataset_path.clear();
+  s.labels.method = "dflash-sw";
+  EXPECT_EQ(ResolveLabels(s), (ScoreLabels{"Qwen3-8B-DFlash-b16", "inline", "dflash-sw"}));
+}
+
+// --- the runner -------------------------------------------------------------------------------
+
+struct Recorded {
+  std::vector<std::string> order;  // "start", "progress:N", "prompt:I", "summary"
+  ScoreStart start;
+  std::vector<PromptScore> prompts;
+  std::vector<ScoreProgress> progress;
+  AcceptanceSummary summary;
+};
+
+ScoreEvents Record(Recorded& r) {
+  ScoreEvents e;
+  e.on_start = [&](const ScoreStart& s) {
+    r.order.push_back("start");
+    r.start = s;
+  };
+  e.on_progress = [&](const ScoreProgress& p) {
+    r.order.push_back(absl::StrCat("progress:", p.done));
+    r.progress.push_back(p);
+  };
+  e.on_prompt = [&](const PromptScore& p) {
+    r.order.push_back(absl::StrCat("prompt:", p.prompt_index));
+    r.prompts.push_back(p);
+  };
+  e.on_summary = [&](const AcceptanceSummary& s) {
+    r.order.push_back("summary");
+    r.summary = s;
+  };
+  return e;
+}
+
+std::vector<std::unique_ptr<ExtractorEndpoint>> Endpoints(int n, std::vector<FakeEndpoint*>* raw) {
+  std::vector<std::unique_ptr<ExtractorEndpoint>> out;
+  for (int i = 0; i < n; ++i) {
+    auto e = std::make_unique<FakeEndpoint>(absl::StrCat("fake:", i + 1));
+    if (raw) raw->push_back(e.get());
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+ScoreSpec FiveTokenPrompts() {
+  ScoreSpec s;
+  s.drafter_path = "/drafters/tiny";
+  for (int i = 0; i < 5; ++i) s.prompts.push_back(InputSequence::Tokens({i, i + 1, 2 * i}));
+  s.max_new_tokens = 12;
+  s.ddtree_budgets = {4, 8};
+  return s;
+}
+
+TEST(ScoreRunner, EventsInOrderAndASummaryOverAllPrompts) {
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  FakeBackend backend;
+  ScoreRunner runner(&backend, pool.get(), {});
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  absl::Status s = runner.Run(FiveTokenPrompts(), Record(r), cancelled);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(r.order.size(), 1 + 1 + 2 * 5 + 1u);
+  EXPECT_EQ(r.order[0], "start");
+  EXPECT_EQ(r.order[1], "progress:0");
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(r.order[2 + 2 * i].starts_with("prompt:"));
+    EXPECT_EQ(r.order[3 + 2 * i], absl::StrCat("progress:", i + 1));
+  }
+  EXPECT_EQ(r.order.back(), "summary");
+  EXPECT_EQ(r.start.labels, (ScoreLabels{"tiny", "inline", "dflash"}));
+  EXPECT_EQ(r.start.prompts_total, 5);
+  EXPECT_EQ(r.start.drafter.target_layer_ids, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(r.summary.responses, 5);
+  EXPECT_EQ(r.summary.block_size, 4);
+  EXPECT_EQ(r.summary.ddtree_tau.size(), 2u);
+  // Per-prompt results carry the token counts, τ, and the finish reason.
+  for (const PromptScore& p : r.prompts) {
+    EXPECT_EQ(p.acceptance.prompt_tokens, 3);
+    EXPECT_EQ(p.acceptance.completion_tokens, 12);
+    EXPECT_EQ(p.finish_reason, "max_new_tokens");
+    EXPECT_DOUBLE_EQ(p.tau, MeanStepLength(p.acceptance.step_lengths));
+  }
+  EXPECT_DOUBLE_EQ(r.progress.back().tau_so_far, r.summary.tau_mean_of_means);
+  EXPECT_DOUBLE_EQ(r.progress.back().tau_pooled_so_far, r.summary.tau_pooled);
+  // The extractor was asked for layer 0 and the final-norm tap (layer 2 = L − 1), in fp32.
+  EXPECT_EQ(raw[0]->requested_states.layer_ids, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(raw[0]->requested_states.final_norm);
+  EXPECT_EQ(raw[0]->wire_dtype, DType::kF32);
+  EXPECT_EQ(backend.last_states, 2u);
+  EXPECT_EQ(backend.heads_set, 1);
+  EXPECT_EQ(backend.head_shape, (std::vector<int64_t>{16, 4}));
+}
+
+TEST(ScoreRunner, SeveralExtractorsShareThePromptsAndGiveTheSameSummary) {
+  FakeBackend b1, b3;
+  auto one = ExtractorPool::FromEndpoints(Endpoints(1, nullptr));
+  std::vector<FakeEndpoint*> raw;
+  auto three = ExtractorPool::FromEndpoints(Endpoints(3, &raw));
+  for (FakeEndpoint* e : raw) e->delay_ms = 5;  // so that all three get work
+  Recorded r1, r3;
+  std::atomic<bool> cancelled{false};
+  ASSERT_TRUE(ScoreRunner(&b1, one.get(), {}).Run(FiveTokenPrompts(), Record(r1), cancelled).ok());
+  ASSERT_TRUE(
+      ScoreRunner(&b3, three.get(), {}).Run(FiveTokenPrompts(), Record(r3), cancelled).ok());
+  EXPECT_EQ(AcceptanceSummaryToJson(r1.summary), AcceptanceSummaryToJson(r3.summary));
+  int calls = 0, used = 0;
+  for (FakeEndpoint* e : raw) {
+    calls += e->generate_calls;
+    used += e->generate_calls > 0;
+  }
+  EXPECT_EQ(calls, 5);
+  EXPECT_GE(used, 2);
+  EXPECT_EQ(r3.start.extractors, (std::vector<std::string>{"fake:1", "fake:2", "fake:3"}));
+}
+
+TEST(ScoreRunner, ContractMismatchStopsBeforeAnyWork) {
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  DrafterSpec d = FakeDrafter();
+  d.num_target_layers = 64;
+  d.target_layer_ids = {1, 16, 31, 46, 61};
+  d.fc_in_features = 5 * 4;
+  FakeBackend backend(d);
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  absl::Status s =
+      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("num_target_layers: drafter expects 64, extractor serves 3"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(r.order.empty());
+  EXPECT_EQ(raw[0]->generate_calls, 0);
+  EXPECT_EQ(raw[0]->get_tensors_calls, 0);
+  EXPECT_EQ(backend.replays, 0);
+}
+
+TEST(ScoreRunner, ExtractorsOfDifferentTargetsAreRefused) {
+  std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
+  eps.push_back(std::make_unique<FakeEndpoint>("a:1"));
+  eps.push_back(std::make_unique<FakeEndpoint>("b:2", FakeContract(4)));
+  auto pool = ExtractorPool::FromEndpoints(std::move(eps));
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  absl::Status s =
+      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("num_layers: a:1 serves 3, b:2 serves 4"), std::string::npos) << s;
+}
+
+TEST(ScoreRunner, BehindDnsAnUnansweringAddressIsLeftOut) {
+  for (bool dns : {false, true}) {
+    std::vector<FakeEndpoint*> raw;
+    auto eps = Endpoints(2, &raw);
+    raw[0]->info_error = absl::UnavailableError("connection refused");
+    auto pool = ExtractorPool::FromEndpoints(std::move(eps), dns);
+    FakeBackend backend;
+    Recorded r;
+    std::atomic<bool> cancelled{false};
+    absl::Status s =
+        ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+    if (!dns) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+      EXPECT_NE(s.message().find("extractor fake:1 GetModelInfo: connection refused"),
+                std::string::npos)
+          << s;
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(r.start.extractors, (std::vector<std::string>{"fake:2"}));
+    EXPECT_EQ(raw[0]->generate_calls, 0);
+    EXPECT_EQ(raw[1]->generate_calls, 5);
+  }
+  // Not every error is a missing replica: a refusal still fails the job.
+  std::vector<FakeEndpoint*> raw;
+  auto eps = Endpoints(2, &raw);
+  raw[1]->info_error = absl::PermissionDeniedError("no");
+  auto pool = ExtractorPool::FromEndpoints(std::move(eps), true);
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  EXPECT_EQ(
+      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled).code(),
+      absl::StatusCode::kPermissionDenied);
+}
+
+TEST(ScoreRunner, ErrorsNameThePromptAndTheExtractor) {
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  raw[0]->fail_generate = absl::UnavailableError("connection refused");
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  absl::Status s =
+      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("(Generate on fake:1): connection refused"), std::string::npos) << s;
+
+  ScoreSpec spec = FiveTokenPrompts();
+  spec.prompts[2] = InputSequence::Tokens({1, 99});
+  raw[0]->fail_generate = absl::OkStatus();
+  s = ScoreRunner(&backend, pool.get(), {}).Run(spec, Record(r), cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("prompts[2] token 1 = 99 is outside the vocabulary [0, 16)"),
+            std::string::npos)
+      << s;
+
+  backend.load_error = absl::NotFoundError("config.json: not found");
+  s = ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("drafter_path /drafters/tiny: config.json"), std::string::npos) << s;
+}
+
+TEST(ScoreRunner, TextPromptsAndDatasetsAreTokenizedByTheExtractor) {
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, nullptr));
+  FakeBackend backend;
+  const fs::path dir = TempDir("runner_dataset");
+  WriteText(dir / "mix.jsonl",
+            "{\"prompt\": \"abcd\"}\n{\"input_ids\": [1, 2]}\n{\"prompt\": \"z\"}\n");
+  ScoreSpec spec = FiveTokenPrompts();
+  spec.prompts.clear();
+  spec.dataset_path = (dir / "mix.jsonl").string();
+  spec.max_prompts = 2;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  ASSERT_TRUE(ScoreRunner(&backend, pool.get(), {}).Run(spec, Record(r), cancelled).ok());
+  EXPECT_EQ(r.start.labels.dataset, "mix");
+  ASSERT_EQ(r.prompts.size(), 2u);
+  std::map<int64_t, int64_t> prompt_tokens;
+  for (const auto& p : r.prompts) prompt_tokens[p.prompt_index] = p.acceptance.prompt_tokens;
+  EXPECT_EQ(prompt_tokens[0], 4);  // "abcd": one id per byte in the fake tokenizer
+  EXPECT_EQ(prompt_tokens[1], 2);
+  fs::remove_all(dir);
+}
+
+TEST(ScoreRunner, TargetHeadIsCachedByDigestAcrossRestarts) {
+  const fs::path cache = TempDir("cache");
+  ScoreRunnerOptions o;
+  o.cache_dir = cache.string();
+  std::vector<std::string> log;
+  o.log = [&](const std::string& l) { log.push_back(l); };
+  std::atomic<bool> cancelled{false};
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  {
+    FakeBackend backend;
+    Recorded r;
+    ASSERT_TRUE(
+        ScoreRunner(&backend, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+    // A second job with the same scorer keeps the head in memory.
+    ASSERT_TRUE(
+        ScoreRunner(&backend, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+    EXPECT_EQ(backend.heads_set, 1);
+  }
+  EXPECT_EQ(raw[0]->get_tensors_calls, 1);
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log.back().find("fetched from fake:1"), std::string::npos) << log.back();
+  // A "restart": a fresh backend, the same cache directory.
+  FakeBackend fresh;
+  Recorded r;
+  ASSERT_TRUE(
+      ScoreRunner(&fresh, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+  EXPECT_EQ(raw[0]->get_tensors_calls, 1);
+  EXPECT_NE(log.back().find("from the cache"), std::string::npos) << log.back();
+  EXPECT_EQ(fresh.head_shape, (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(fresh.head_first_byte,
+            static_cast<std::byte>(7 + std::string("lm_head.weight").size()));
+
+  // A corrupted cache file is noticed and the head fetched again.
+  for (const auto& e : fs::directory_iterator(cache / "tensors")) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x5a');
+  }
+  FakeBackend third;
+  ASSERT_TRUE(
+      ScoreRunner(&third, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+  EXPECT_EQ(raw[0]->get_tensors_calls, 2);
+  fs::remove_all(cache);
+}
+
+TEST(ScoreRunner, LocalCheckpointHead) {
+  const fs::path dir = TempDir("ckpt");
+  WriteText(dir / "config.json",
+            R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 16,
+                "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 3,
+                "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 4,
+                "tie_word_embeddings": true})");
+  std::vector<float> embed(16 * 4, 0.5f);
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(embed.data()),
+                                   embed.size() * 4);
+  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(),
+                               {{"model.embed_tokens.weight", DType::kF32, {16, 4}, bytes}})
+                  .ok());
+  auto head = LoadCheckpointTargetHead(dir.string(), FakeContract());
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->embed_tokens.shape, (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(head->lm_head.bytes.data(), head->embed_tokens.bytes.data());  // tied
+  auto wrong = LoadCheckpointTargetHead(dir.string(), FakeContract(36));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(wrong.status().message().find("num_layers: checkpoint has 3, extractor serves 36"),
+            std::string::npos)
+      << wrong.status();
+
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  ScoreRunnerOptions o;
+  o.target_checkpoint = dir.string();
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  ASSERT_TRUE(
+      ScoreRunner(&backend, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+  EXPECT_EQ(raw[0]->get_tensors_calls, 0);
+  EXPECT_EQ(backend.heads_set, 1);
+  fs::remove_all(dir);
+}
+
+TEST(ScoreRunner, CancelledJobStops) {
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(2, &raw));
+  for (FakeEndpoint* e : raw) e->delay_ms = 20;
+  FakeBackend backend;
+  std::atomic<bool> cancelled{false};
+  ScoreEvents e;
+  int prompts = 0;
+  e.on_prompt = [&](const PromptScore&) {
+    if (++prompts == 2) cancelled = true;
+  };
+  ScoreSpec spec = FiveTokenPrompts();
+  for (int i = 0; i < 50; ++i) spec.prompts.push_back(InputSequence::Tokens({1}));
+  absl::Status s = ScoreRunner(&backend, pool.get(), {}).Run(spec, e, cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(prompts, 2);
+  EXPECT_LE(raw[0]->generate_calls + raw[1]->generate_calls, 2 + 2 * 2);  // in flight + prefetched
+}
+
+}  // namespace
+}  // namespace specwire

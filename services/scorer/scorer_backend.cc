@@ -1,0 +1,167 @@
+// The libtorch side of the scorer: DFlashDrafter + AcceptanceReplay behind the plain types of
+// scorer_backend.h, so neither the job runner nor the rpc code sees torch.
+#include "services/scorer/scorer_backend.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"
+#include "common/models/torch_util.h"
+#include "common/status.h"
+#include "services/scorer/drafter.h"
+#include "services/scorer/replay.h"
+
+namespace specwire {
+namespace {
+
+// Identifies a drafter directory's contents cheaply: names, sizes and modification times of its
+// files. A changed file (a re-trained drafter written to the same path) reloads the drafter.
+std::string DirectoryStamp(const std::string& dir) {
+  std::error_code ec;
+  std::string stamp;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const auto size = e.file_size(ec);
+    const auto mtime = e.last_write_time(ec).time_since_epoch().count();
+    absl::StrAppend(&stamp, e.path().filename().string(), ":", size, ":", mtime, ";");
+  }
+  return stamp;
+}
+
+// A tensor over someone else's bytes (not copied; read only).
+at::Tensor Borrow(std::span<const std::byte> bytes, const std::vector<int64_t>& shape,
+                  DType dtype) {
+  void* p = const_cast<std::byte*>(bytes.data());
+  return at::from_blob(p, shape, at::TensorOptions().dtype(ToScalarType(dtype)));
+}
+
+class TorchScorerBackend : public ScorerBackend {
+ public:
+  TorchScorerBackend(at::ScalarType dtype, at::Device device) : dtype_(dtype), device_(device) {}
+
+  absl::StatusOr<DrafterSpec> LoadDrafter(const std::string& dir) override {
+    const std::string stamp = DirectoryStamp(dir);
+    if (drafter_ && dir == drafter_dir_ && stamp == drafter_stamp_) return spec_;
+    drafter_.reset();
+    SW_ASSIGN_OR_RETURN(std::string config_json,
+                        ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDrafter> drafter,
+                        DFlashDrafter::Load(dir, dtype_, device_));
+    // The head is attached at the first replay: the job checks the drafter against the
+    // extractor's contract first, and a misfit must be reported as that, not as a head error.
+    head_on_drafter_ = false;
+    const DrafterConfig& c = drafter->config();
+    DrafterSpec s;
+    s.path = dir;
+    s.config_json = std::move(config_json);
+    s.block_size = c.block_size;
+    s.num_layers = c.layers.num_layers;
+    s.hidden_size = c.layers.hidden_size;
+    s.target_hidden_size = c.target_hidden_size();
+    s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
+    s.num_target_layers = c.num_target_layers;
+    s.target_layer_ids = c.target_layer_ids;
+    s.mask_token_id = c.mask_token_id;
+    s.vocab_size = c.layers.vocab_size;
+    s.dtype = ScalarTypeName(dtype_);
+    s.device = device_.str();
+    drafter_ = std::move(drafter);
+    drafter_dir_ = dir;
+    drafter_stamp_ = stamp;
+    spec_ = s;
+    return s;
+  }
+
+  std::string target_head_key() const override { return head_key_; }
+
+  absl::Status SetTargetHead(const TargetHead& head) override {
+    at::Tensor embed, lm;
+    SW_RETURN_IF_ERROR(RunGuarded("copying the target head", [&]() -> absl::Status {
+      embed = Own(head.embed_tokens);
+      lm = Own(head.lm_head);
+      return absl::OkStatus();
+    }));
+    head_embed_ = embed;
+    head_lm_ = lm;
+    head_key_ = head.key;
+    head_on_drafter_ = false;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
+                                            const std::vector<int32_t>& budgets) override {
+    if (!drafter_) return absl::FailedPreconditionError("no drafter loaded");
+    if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
+    if (!head_on_drafter_) {
+      SW_RETURN_IF_ERROR(drafter_->SetTargetHead(head_embed_, head_lm_));
+      head_on_drafter_ = true;
+    }
+    const DrafterConfig& c = drafter_->config();
+    if (t.states.size() != c.target_layer_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("trajectory has ", t.states.size(),
+                                                     " states, the drafter uses ",
+                                                     c.target_layer_ids.size()));
+    }
+    const int64_t T = static_cast<int64_t>(t.tokens.size());
+    for (size_t i = 0; i < t.states.size(); ++i) {
+      const FeatureState& s = t.states[i];
+      if (s.rows != T || s.hidden != c.target_hidden_size() ||
+          static_cast<int64_t>(s.bytes.size()) !=
+              s.rows * s.hidden * static_cast<int64_t>(DTypeSize(s.dtype))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "state of target layer ", s.layer_id, " is [", s.rows, ", ", s.hidden, "] (",
+            s.bytes.size(), " bytes), expected [", T, ", ", c.target_hidden_size(), "]"));
+      }
+    }
+    ResponseAcceptance out;
+    SW_RETURN_IF_ERROR(RunGuarded("acceptance replay", [&]() -> absl::Status {
+      std::vector<at::Tensor> parts;
+      for (const FeatureState& s : t.states)
+        parts.push_back(Borrow(s.bytes, {s.rows, s.hidden}, s.dtype));
+      // [T, n × H]: the states of target_layer_ids concatenated in that order (dflash's
+      // extract_context_feature); cat copies, so the wire bytes may go after this.
+      at::Tensor features = at::cat(parts, -1).to(device_, dtype_);
+      ReplayOptions options;
+      options.ddtree_budgets = budgets;
+      options.max_length = t.max_length;
+      AcceptanceReplay replay(drafter_.get());
+      out = replay.Run(t.tokens, features, t.prompt_len, options);
+      return absl::OkStatus();
+    }));
+    return out;
+  }
+
+ private:
+  // A copy in the drafter's dtype and device that this backend owns (never a view of `h`).
+  at::Tensor Own(const HeldTensor& h) const {
+    at::Tensor t = Borrow(h.bytes, h.shape, h.dtype);
+    if (t.scalar_type() == dtype_ && device_.is_cpu()) return t.clone();
+    return t.to(device_, dtype_);
+  }
+
+  at::ScalarType dtype_;
+  at::Device device_;
+  std::unique_ptr<DFlashDrafter> drafter_;
+  std::string drafter_dir_;
+  std::string drafter_stamp_;
+  DrafterSpec spec_;
+  at::Tensor head_embed_, head_lm_;  // owned copies, shared with the drafter
+  std::string head_key_;
+  bool head_on_drafter_ = false;  // the current drafter has the current head
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ScorerBackend>> MakeTorchScorerBackend(
+    const TorchScorerOptions& options) {
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  SW_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseComputeDtype(options.dtype));
+  SW_ASSIGN_OR_RETURN(at::Device device, ParseDevice(options.device));
+  return std::unique_ptr<ScorerBackend>(new TorchScorerBackend(dtype, device));
+}
+
+}  // namespace specwire

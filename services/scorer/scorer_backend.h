@@ -1,0 +1,100 @@
+// Plain types between the scorer's job logic / rpc code (protobuf, gRPC) and its drafter
+// (libtorch). Neither side's headers appear here: torch and protobuf never meet in one
+// translation unit. The torch side is scorer_backend.cc (DFlashDrafter + AcceptanceReplay); the
+// rpc side (server.cc) and the job runner (score_job.cc) see only this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "services/scorer/acceptance.h"
+
+namespace specwire {
+
+// What the job logic needs to know about a loaded drafter (a plain view of DrafterConfig).
+struct DrafterSpec {
+  std::string path;
+  std::string config_json;  // config.json as read (for reports)
+  int32_t block_size = 0;
+  int64_t num_layers = 0;          // the drafter's own layers
+  int64_t hidden_size = 0;         // the drafter's own hidden size
+  int64_t target_hidden_size = 0;  // per target layer: fc in_features / len(target_layer_ids)
+  int64_t fc_in_features = 0;      // = len(target_layer_ids) × target_hidden_size
+  int64_t num_target_layers = 0;   // from config.json; 0 when it does not say
+  std::vector<int64_t> target_layer_ids;
+  int64_t mask_token_id = 0;
+  int64_t vocab_size = 0;  // the target vocabulary the drafter was built for (config.json)
+  std::string dtype;       // compute dtype the drafter runs in ("float32", ...)
+  std::string device;      // "cpu", "cuda:0"
+};
+
+// One target state of a trajectory, [rows, hidden] row-major little-endian in `dtype` (the wire
+// bytes as the extractor client reassembled them).
+struct FeatureState {
+  int64_t layer_id = 0;  // the drafter target layer id it stands for
+  DType dtype = DType::kBF16;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  std::vector<std::byte> bytes;
+};
+
+// A greedy trajectory and its features: what one AcceptanceReplay::Run consumes.
+struct Trajectory {
+  std::vector<int64_t> tokens;  // prompt + completion
+  int64_t prompt_len = 0;
+  int64_t max_length = 0;  // prompt_len + max_new_tokens (dflash's max_length)
+  // One per drafter target_layer_id, in that order (concatenated → features [T, n × H]).
+  std::vector<FeatureState> states;
+};
+
+// A target tensor held by someone else (a mapped cache file, a checkpoint, a received buffer);
+// `owner` keeps `bytes` alive.
+struct HeldTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kBF16;
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> owner;
+};
+
+// The target's frozen embedding and lm_head the drafter shares.
+struct TargetHead {
+  std::string key;          // the target's weights digest: one head per target
+  HeldTensor embed_tokens;  // [V, H]
+  HeldTensor lm_head;       // [V, H]
+};
+
+// The drafter side of the scorer. Implementations run on the scorer's worker thread; calls never
+// overlap on one instance.
+class ScorerBackend {
+ public:
+  virtual ~ScorerBackend() = default;
+  // Loads (or keeps, when the directory has not changed) the drafter in `dir` and makes it the
+  // current one. NOT_FOUND / INVALID_ARGUMENT from the checkpoint, naming the file and key.
+  virtual absl::StatusOr<DrafterSpec> LoadDrafter(const std::string& dir) = 0;
+  // The key of the target head in use ("" when none).
+  virtual std::string target_head_key() const = 0;
+  // Copies the head (converted to the drafter's dtype and device); every drafter gets it at its
+  // first Replay (INVALID_ARGUMENT there when the shapes do not fit the drafter).
+  virtual absl::Status SetTargetHead(const TargetHead& head) = 0;
+  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head.
+  virtual absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& trajectory,
+                                                    const std::vector<int32_t>& ddtree_budgets) = 0;
+};
+
+struct TorchScorerOptions {
+  std::string dtype = "float32";  // drafter compute dtype: float32 | bfloat16 | float16
+  std::string device = "cpu";     // cpu | cuda | cuda:N
+  int threads = 0;                // intra-op CPU threads; 0: torch's default
+};
+
+// The libtorch backend (DFlashDrafter + AcceptanceReplay of services/scorer/{drafter,replay}.h).
+absl::StatusOr<std::unique_ptr<ScorerBackend>> MakeTorchScorerBackend(
+    const TorchScorerOptions& options);
+
+}  // namespace specwire

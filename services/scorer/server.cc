@@ -1,0 +1,496 @@
+#include "services/scorer/server.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+
+namespace specwire {
+
+// ---------------------------------------------------------------------------------------------
+// Conversions
+
+void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
+  out->set_architecture(c.architecture);
+  out->set_model_type(c.model_type);
+  out->set_source_layout(c.source_layout);
+  out->set_source_architecture(c.source_architecture);
+  out->set_weight_prefix(c.weight_prefix);
+  out->set_tensors_loaded(c.tensors_loaded);
+  out->set_tensors_skipped(c.tensors_skipped);
+  for (const auto& s : c.skipped) {
+    auto* p = out->add_skipped();
+    p->set_prefix(s.prefix);
+    p->set_count(s.count);
+    p->set_reason(s.reason);
+  }
+  out->set_num_layers(static_cast<int32_t>(c.num_layers));
+  out->set_hidden_size(static_cast<int32_t>(c.hidden_size));
+  out->set_vocab_size(static_cast<int32_t>(c.vocab_size));
+  for (const auto& t : c.layer_types) out->add_layer_types(t);
+  out->set_compute_dtype(c.compute_dtype);
+  for (const auto& d : c.devices) out->add_devices(d);
+  out->set_kernel_variant(c.kernel_variant);
+  out->set_weights_digest(c.weights_digest);
+  out->set_tokenizer_digest(c.tokenizer_digest);
+  out->set_specwire_version(c.specwire_version);
+}
+
+ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
+  ExtractionContract c;
+  c.architecture = p.architecture();
+  c.model_type = p.model_type();
+  c.source_layout = p.source_layout();
+  c.source_architecture = p.source_architecture();
+  c.weight_prefix = p.weight_prefix();
+  c.tensors_loaded = p.tensors_loaded();
+  c.tensors_skipped = p.tensors_skipped();
+  for (const auto& s : p.skipped()) c.skipped.push_back({s.prefix(), s.count(), s.reason()});
+  c.num_layers = p.num_layers();
+  c.hidden_size = p.hidden_size();
+  c.vocab_size = p.vocab_size();
+  c.layer_types.assign(p.layer_types().begin(), p.layer_types().end());
+  c.compute_dtype = p.compute_dtype();
+  c.devices.assign(p.devices().begin(), p.devices().end());
+  c.kernel_variant = p.kernel_variant();
+  c.weights_digest = p.weights_digest();
+  c.tokenizer_digest = p.tokenizer_digest();
+  c.specwire_version = p.specwire_version();
+  return c;
+}
+
+void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out) {
+  out->set_prompt_index(static_cast<uint32_t>(s.prompt_index));
+  out->set_prompt_tokens(static_cast<uint32_t>(s.acceptance.prompt_tokens));
+  out->set_completion_tokens(static_cast<uint32_t>(s.acceptance.completion_tokens));
+  for (int32_t v : s.acceptance.step_lengths) out->add_step_lengths(static_cast<uint32_t>(v));
+  out->set_tau(s.tau);
+  for (const auto& [budget, lengths] : s.acceptance.ddtree_step_lengths) {
+    auto& l = (*out->mutable_ddtree_step_lengths())[static_cast<uint32_t>(budget)];
+    for (int32_t v : lengths) l.add_lengths(static_cast<uint32_t>(v));
+  }
+  out->set_finish_reason(s.finish_reason);
+}
+
+PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
+  PromptScore s;
+  s.prompt_index = p.prompt_index();
+  s.acceptance.prompt_tokens = p.prompt_tokens();
+  s.acceptance.completion_tokens = p.completion_tokens();
+  s.acceptance.step_lengths.assign(p.step_lengths().begin(), p.step_lengths().end());
+  for (const auto& [budget, lengths] : p.ddtree_step_lengths()) {
+    s.acceptance.ddtree_step_lengths[static_cast<int32_t>(budget)].assign(lengths.lengths().begin(),
+                                                                          lengths.lengths().end());
+  }
+  s.tau = p.tau();
+  s.finish_reason = p.finish_reason();
+  return s;
+}
+
+void ProgressToProto(const ScoreProgress& p, v1::Progress* out) {
+  out->set_prompts_done(static_cast<uint32_t>(p.done));
+  out->set_prompts_total(static_cast<uint32_t>(p.total));
+  out->set_steps(static_cast<uint64_t>(p.steps));
+  out->set_tau_so_far(p.tau_so_far);
+}
+
+void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
+  out->set_block_size(static_cast<uint32_t>(s.block_size));
+  out->set_responses(static_cast<uint64_t>(s.responses));
+  out->set_steps(static_cast<uint64_t>(s.steps));
+  out->set_tau_mean_of_means(s.tau_mean_of_means);
+  out->set_tau_pooled(s.tau_pooled);
+  for (int64_t v : s.histogram) out->add_histogram(static_cast<uint64_t>(v));
+  for (double v : s.per_position_acceptance) out->add_per_position_acceptance(v);
+  out->set_num_drafts(static_cast<uint64_t>(s.num_drafts));
+  out->set_num_draft_tokens(static_cast<uint64_t>(s.num_draft_tokens));
+  out->set_num_accepted_tokens(static_cast<uint64_t>(s.num_accepted_tokens));
+  for (int64_t v : s.num_accepted_tokens_per_pos)
+    out->add_num_accepted_tokens_per_pos(static_cast<uint64_t>(v));
+  out->set_acceptance_rate(s.acceptance_rate);
+  for (const auto& [budget, tau] : s.ddtree_tau) {
+    (*out->mutable_ddtree_tau())[static_cast<uint32_t>(budget)] = tau.first;
+    (*out->mutable_ddtree_tau_pooled())[static_cast<uint32_t>(budget)] = tau.second;
+  }
+}
+
+AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
+  AcceptanceSummary s;
+  s.block_size = static_cast<int32_t>(p.block_size());
+  s.responses = static_cast<int64_t>(p.responses());
+  s.steps = static_cast<int64_t>(p.steps());
+  s.tau_mean_of_means = p.tau_mean_of_means();
+  s.tau_pooled = p.tau_pooled();
+  s.histogram.assign(p.histogram().begin(), p.histogram().end());
+  s.per_position_acceptance.assign(p.per_position_acceptance().begin(),
+                                   p.per_position_acceptance().end());
+  s.num_drafts = static_cast<int64_t>(p.num_drafts());
+  s.num_draft_tokens = static_cast<int64_t>(p.num_draft_tokens());
+  s.num_accepted_tokens = static_cast<int64_t>(p.num_accepted_tokens());
+  s.num_accepted_tokens_per_pos.assign(p.num_accepted_tokens_per_pos().begin(),
+                                       p.num_accepted_tokens_per_pos().end());
+  s.acceptance_rate = p.acceptance_rate();
+  for (const auto& [budget, tau] : p.ddtree_tau()) {
+    auto pooled = p.ddtree_tau_pooled().find(budget);
+    s.ddtree_tau[static_cast<int32_t>(budget)] = {
+        tau, pooled == p.ddtree_tau_pooled().end() ? 0.0 : pooled->second};
+  }
+  return s;
+}
+
+ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
+  ScoreSpec s;
+  s.drafter_path = r.drafter_path();
+  for (const auto& p : r.prompts()) {
+    if (p.input_case() == v1::PromptInput::kText) {
+      s.prompts.push_back(InputSequence::Text(p.text()));
+    } else {
+      s.prompts.push_back(InputSequence::Tokens(
+          std::vector<int64_t>(p.tokens().ids().begin(), p.tokens().ids().end())));
+    }
+  }
+  s.dataset_path = r.dataset_path();
+  s.max_new_tokens = r.max_new_tokens() == 0 ? 256 : r.max_new_tokens();
+  if (r.ddtree_budgets_size() > 0) {
+    s.ddtree_budgets.clear();
+    for (uint32_t b : r.ddtree_budgets()) {
+      s.ddtree_budgets.push_back(static_cast<int32_t>(std::min<uint32_t>(b, INT32_MAX)));
+    }
+  }
+  s.labels.drafter = r.drafter_label();
+  s.labels.dataset = r.dataset_label();
+  s.labels.method = r.method_label();
+  s.add_special_tokens = r.add_special_tokens();
+  s.max_prompts = r.max_prompts();
+  return s;
+}
+
+void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
+  out->set_drafter_path(s.drafter_path);
+  for (const InputSequence& p : s.prompts) {
+    auto* in = out->add_prompts();
+    if (p.is_text) {
+      in->set_text(p.text);
+    } else {
+      for (int64_t id : p.token_ids) in->mutable_tokens()->add_ids(static_cast<int32_t>(id));
+    }
+  }
+  out->set_dataset_path(s.dataset_path);
+  out->set_max_new_tokens(static_cast<uint32_t>(s.max_new_tokens));
+  for (int32_t b : s.ddtree_budgets) out->add_ddtree_budgets(static_cast<uint32_t>(b));
+  out->set_drafter_label(s.labels.drafter);
+  out->set_dataset_label(s.labels.dataset);
+  out->set_method_label(s.labels.method);
+  out->set_add_special_tokens(s.add_special_tokens);
+  out->set_max_prompts(static_cast<uint32_t>(s.max_prompts));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker
+
+ScoreWorker::ScoreWorker(ScoreRunner* runner, int64_t max_queue, ScorerMetrics* metrics)
+    : runner_(runner), max_queue_(max_queue), metrics_(metrics), thread_([this] { Loop(); }) {}
+
+ScoreWorker::~ScoreWorker() { Shutdown(); }
+
+absl::Status ScoreWorker::Submit(std::shared_ptr<ScoreJob> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!accepting_) return absl::UnavailableError("the scorer is shutting down");
+  if (static_cast<int64_t>(queue_.size()) >= max_queue_) {
+    return absl::ResourceExhaustedError(absl::StrCat("the scorer's queue is full (", max_queue_,
+                                                     " jobs wait, --max_queue); retry later"));
+  }
+  queue_.push_back(std::move(job));
+  if (metrics_) metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+bool ScoreWorker::Remove(const std::shared_ptr<ScoreJob>& job, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return false;
+    queue_.erase(it);
+    if (metrics_) metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+    cv_.notify_all();
+  }
+  job->on_done(status);
+  return true;
+}
+
+int64_t ScoreWorker::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+void ScoreWorker::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_ && queue_.empty()) return;
+    std::shared_ptr<ScoreJob> job = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = job;
+    if (metrics_) {
+      metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+      metrics_->SetRunning(true);
+    }
+    lock.unlock();
+    absl::Status status = job->cancelled ? absl::CancelledError("request cancelled")
+                                         : runner_->Run(job->spec, job->events, job->cancelled);
+    job->on_done(status);
+    lock.lock();
+    running_.reset();
+    if (metrics_) metrics_->SetRunning(false);
+    cv_.notify_all();
+  }
+}
+
+void ScoreWorker::Drain(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  accepting_ = false;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  cv_.wait_until(lock, deadline, [&] { return queue_.empty() && !running_; });
+  // Out of time: cancel what is left (the running job stops at its next prompt).
+  if (running_) running_->cancelled = true;
+  for (auto& j : queue_) j->cancelled = true;
+}
+
+void ScoreWorker::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+    stop_ = true;
+    if (running_) running_->cancelled = true;
+    for (auto& j : queue_) j->cancelled = true;  // run as CANCELLED at once
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stream
+
+namespace {
+
+std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  const auto left = deadline - std::chrono::system_clock::now();
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+}
+
+}  // namespace
+
+// A Score stream: messages queued by the worker thread, written one at a time; the stream
+// finishes when the queue is empty after Complete(), or at once on Fail().
+//
+// Lifetime (the pattern of services/extractor/server.cc's StreamReactor): gRPC may run OnDone —
+// dropping gRPC's reference — on another thread the moment Finish() is called, and the worker may
+// still deliver messages after the call ended. So the reactor is reference-counted: one reference
+// for gRPC (until OnDone), one for the job (until its on_done returns), and one for the duration
+// of every method that can call Finish(), taken before the lock.
+class ScoreReactor : public grpc::ServerWriteReactor<v1::ScoreResponse> {
+ public:
+  ScoreReactor(ScorerService* service, std::chrono::steady_clock::time_point deadline)
+      : service_(service), deadline_(deadline), start_(std::chrono::steady_clock::now()) {}
+
+  void Send(v1::ScoreResponse m) {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (completed_) return;
+    pending_.push_back(std::move(m));
+    WriteNextLocked();
+  }
+  void Complete() {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    completed_ = true;
+    WriteNextLocked();
+  }
+  void Fail(const absl::Status& s) {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (finished_) return;
+    pending_.clear();
+    completed_ = true;
+    status_ = ToGrpcStatus(s);
+    if (!writing_) FinishLocked();
+  }
+  void AttachJob(std::shared_ptr<ScoreJob> job) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    refs_.fetch_add(1);
+    job_ = std::move(job);
+  }
+  void ReleaseJob() { Release(); }
+
+  void OnWriteDone(bool ok) override {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      pending_.clear();
+      completed_ = true;
+      if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, "client stopped reading");
+      if (job_) job_->cancelled = true;
+      FinishLocked();
+      return;
+    }
+    WriteNextLocked();
+  }
+  void OnCancel() override {
+    Hold hold(this);
+    std::shared_ptr<ScoreJob> job;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      cancelled_ = true;
+      job = job_;
+    }
+    if (job) {
+      job->cancelled = true;
+      // A queued job leaves the queue now (its on_done fails the stream here); a running one
+      // stops at its next prompt.
+      service_->worker_->Remove(job, DeadlinePassed()
+                                         ? absl::DeadlineExceededError("deadline exceeded")
+                                         : absl::CancelledError("request cancelled"));
+    }
+  }
+  void OnDone() override {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::string code;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      const auto c = status_.error_code();
+      if (cancelled_ && (c == grpc::OK || c == grpc::CANCELLED || c == grpc::DEADLINE_EXCEEDED)) {
+        code = DeadlinePassed() ? "DEADLINE_EXCEEDED" : "CANCELLED";
+      } else {
+        code = GrpcCodeName(c);
+      }
+    }
+    service_->metrics_->RequestDone("Score", code, seconds);
+    Release();
+  }
+
+ private:
+  class Hold {
+   public:
+    explicit Hold(ScoreReactor* r) : r_(r) { r_->refs_.fetch_add(1); }
+    ~Hold() { r_->Release(); }
+
+   private:
+    ScoreReactor* r_;
+  };
+  void Release() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  bool DeadlinePassed() const {
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline_;
+  }
+  void WriteNextLocked() {
+    if (writing_ || finished_) return;
+    if (!pending_.empty()) {
+      msg_ = std::move(pending_.front());
+      pending_.pop_front();
+      writing_ = true;
+      StartWrite(&msg_);
+      return;
+    }
+    if (completed_) FinishLocked();
+  }
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status_);
+  }
+
+  ScorerService* service_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point start_;
+  std::atomic<int> refs_{1};  // gRPC's, until OnDone
+  std::recursive_mutex mu_;   // reactions may run inline from StartWrite
+  std::deque<v1::ScoreResponse> pending_;
+  v1::ScoreResponse msg_;
+  bool writing_ = false;
+  bool completed_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  grpc::Status status_;
+  std::shared_ptr<ScoreJob> job_;
+};
+
+ScorerService::ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreRunnerOptions limits)
+    : worker_(worker), metrics_(metrics), limits_(std::move(limits)) {}
+
+grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::CallbackServerContext* ctx,
+                                                                  const v1::ScoreRequest* request) {
+  auto* r = new ScoreReactor(this, SteadyDeadline(ctx));
+  auto job = std::make_shared<ScoreJob>();
+  job->spec = SpecFromProto(*request);
+  absl::Status valid = ValidateSpec(job->spec, limits_);
+  if (!valid.ok()) {
+    r->Fail(valid);
+    return r;
+  }
+  // The events run on the worker thread only, so their shared state needs no lock.
+  struct JobState {
+    ScoreLabels labels;
+    int32_t block_size = 0;
+    std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  };
+  auto state = std::make_shared<JobState>();
+  ScorerMetrics* metrics = metrics_;
+  job->events.on_start = [r, state](const ScoreStart& s) {
+    state->labels = s.labels;
+    state->block_size = s.drafter.block_size;
+    state->last = std::chrono::steady_clock::now();
+    v1::ScoreResponse m;
+    ContractToProto(s.contract, m.mutable_contract());
+    r->Send(std::move(m));
+  };
+  job->events.on_progress = [r, state, metrics](const ScoreProgress& p) {
+    metrics->Progress(state->labels, p);
+    v1::ScoreResponse m;
+    ProgressToProto(p, m.mutable_progress());
+    r->Send(std::move(m));
+  };
+  job->events.on_prompt = [r, state, metrics](const PromptScore& s) {
+    const auto now = std::chrono::steady_clock::now();
+    metrics->PromptScored(state->labels, s.acceptance, state->block_size,
+                          std::chrono::duration<double>(now - state->last).count());
+    state->last = now;
+    v1::ScoreResponse m;
+    PromptScoreToProto(s, m.mutable_result());
+    r->Send(std::move(m));
+  };
+  job->events.on_summary = [r, state, metrics](const AcceptanceSummary& s) {
+    metrics->Summary(state->labels, s);
+    v1::ScoreResponse m;
+    SummaryToProto(s, m.mutable_summary());
+    r->Send(std::move(m));
+  };
+  job->on_done = [r](const absl::Status& s) {
+    if (s.ok()) {
+      r->Complete();
+    } else {
+      r->Fail(s);
+    }
+    r->ReleaseJob();
+  };
+  r->AttachJob(job);
+  absl::Status submitted = worker_->Submit(job);
+  if (!submitted.ok()) {
+    r->Fail(submitted);
+    r->ReleaseJob();  // on_done will never run
+  }
+  return r;
+}
+
+}  // namespace specwire
