@@ -303,11 +303,20 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
                                   : LayerType::kFullAttention);
     }
   }
-  for (LayerType t : c.layer_types) {
-    if (t == LayerType::kSlidingAttention) {
-      SW_ASSIGN_OR_RETURN(c.sliding_window, k.Int("sliding_window", 4096));
+  // The window, as transformers' Qwen2/Qwen3 configs set it: `sliding_window` only counts with
+  // use_sliding_window (and a null window means none). Without a window, layers typed
+  // sliding_attention attend to everything — they run, and are reported, as full attention.
+  bool has_sliding = false;
+  for (LayerType t : c.layer_types) has_sliding |= t == LayerType::kSlidingAttention;
+  if (has_sliding) {
+    SW_ASSIGN_OR_RETURN(bool use_window, k.Bool("use_sliding_window", false));
+    if (use_window && k.Has("sliding_window")) {
+      SW_ASSIGN_OR_RETURN(c.sliding_window, k.Int("sliding_window", 0));
       if (c.sliding_window <= 0) return k.Error("sliding_window", "must be positive");
-      break;
+    } else {
+      for (LayerType& t : c.layer_types) {
+        if (t == LayerType::kSlidingAttention) t = LayerType::kFullAttention;
+      }
     }
   }
   SW_RETURN_IF_ERROR(ParseEos(k, root, c));
@@ -422,7 +431,10 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   json types = json::array();
   for (LayerType lt : c.layer_types) types.push_back(LayerTypeName(lt));
   t["layer_types"] = types;
-  if (c.sliding_window > 0) t["sliding_window"] = c.sliding_window;
+  if (c.sliding_window > 0) {
+    t["sliding_window"] = c.sliding_window;
+    t["use_sliding_window"] = true;
+  }
   if (c.family == ModelFamily::kQwen3_5) {
     t["linear_conv_kernel_dim"] = c.linear_conv_kernel_dim;
     t["linear_key_head_dim"] = c.linear_key_head_dim;
