@@ -304,8 +304,9 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
     }
   }
   // The window, as transformers' Qwen2/Qwen3 configs set it: `sliding_window` only counts with
-  // use_sliding_window (and a null window means none). Without a window, layers typed
-  // sliding_attention attend to everything — they run, and are reported, as full attention.
+  // use_sliding_window (and a null window means none). Without a window (sliding_window 0),
+  // layers typed sliding_attention keep their type — the DFlash drafter derives causality from
+  // it — but attend to every earlier position.
   bool has_sliding = false;
   for (LayerType t : c.layer_types) has_sliding |= t == LayerType::kSlidingAttention;
   if (has_sliding) {
@@ -313,10 +314,6 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
     if (use_window && k.Has("sliding_window")) {
       SW_ASSIGN_OR_RETURN(c.sliding_window, k.Int("sliding_window", 0));
       if (c.sliding_window <= 0) return k.Error("sliding_window", "must be positive");
-    } else {
-      for (LayerType& t : c.layer_types) {
-        if (t == LayerType::kSlidingAttention) t = LayerType::kFullAttention;
-      }
     }
   }
   SW_RETURN_IF_ERROR(ParseEos(k, root, c));

@@ -46,7 +46,9 @@ ModelConfig SlidingConfig(int64_t layers = 2) {
   std::string types;
   for (int64_t i = 0; i < layers; ++i)
     absl::StrAppend(&types, i ? ", " : "", "\"sliding_attention\"");
-  return TinyConfig("qwen3", absl::StrCat(R"("sliding_window": 4, "layer_types": [)", types, "]"),
+  return TinyConfig("qwen3",
+                    absl::StrCat(R"("use_sliding_window": true, "sliding_window": 4, "layer_types": [)",
+                                 types, "]"),
                     layers);
 }
 
@@ -251,7 +253,8 @@ std::vector<CacheCase> CacheCases() {
       {"qwen3_mixed_full_sliding",
        TinyConfig(
            "qwen3",
-           R"("sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"])")},
+           R"("use_sliding_window": true, "sliding_window": 3,)"
+           R"( "layer_types": ["full_attention", "sliding_attention"])")},
   };
 }
 
