@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/stream_reactor.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "common/wire.h"
@@ -113,176 +114,6 @@ class ChunkProducer {
 
 }  // namespace
 
-// A server-streaming call: messages come from a queue of producers, filled by the reaction (the
-// contract) and later by the worker thread (results). One write in flight at a time; the stream
-// finishes when the producers are exhausted after Complete(), or at once on Fail().
-//
-// Lifetime: gRPC may run OnDone — which drops gRPC's reference — on another thread the moment
-// Finish() is called, and the worker may still deliver results after the call has ended. So the
-// reactor is reference-counted: one reference for gRPC (until OnDone), one for a submitted job
-// (until its completion callback returns), and one for the duration of every method that can
-// call Finish(), taken before the lock so the lock is released while the object is alive.
-template <class Response>
-class StreamReactor : public grpc::ServerWriteReactor<Response> {
- public:
-  using Producer = std::function<bool(Response*)>;
-
-  StreamReactor(ExtractorService* service, const char* method, bool holds_stream_slot,
-                std::chrono::steady_clock::time_point deadline)
-      : service_(service),
-        method_(method),
-        holds_slot_(holds_stream_slot),
-        deadline_(deadline),
-        start_(std::chrono::steady_clock::now()) {}
-
-  // Writes wait until Resume(): the contract is queued before the job is submitted, so it is
-  // always first, but a queue-full error must not follow a contract.
-  void Pause() {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    paused_ = true;
-  }
-  void Resume() {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    paused_ = false;
-    WriteNextLocked();
-  }
-  void Send(Producer p) {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (completed_) return;
-    producers_.push_back(std::move(p));
-    WriteNextLocked();
-  }
-  void Complete() {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    completed_ = true;
-    WriteNextLocked();
-  }
-  void Fail(const absl::Status& s) {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (finished_) return;
-    producers_.clear();
-    completed_ = true;
-    paused_ = false;
-    status_ = ToGrpcStatus(s);
-    if (!writing_) FinishLocked();
-  }
-  // Attaches the job; the reactor stays alive until ReleaseJob() (end of the job's callback).
-  void AttachJob(std::shared_ptr<Job> job) {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    refs_.fetch_add(1);
-    job_ = std::move(job);
-  }
-  void ReleaseJob() { Release(); }
-
-  void OnWriteDone(bool ok) override {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    writing_ = false;
-    if (!ok) {
-      // The client went away; stop producing.
-      producers_.clear();
-      completed_ = true;
-      if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, "client stopped reading");
-      FinishLocked();
-      return;
-    }
-    WriteNextLocked();
-  }
-  void OnCancel() override {
-    Hold hold(this);
-    std::shared_ptr<Job> job;
-    {
-      std::lock_guard<std::recursive_mutex> lock(mu_);
-      cancelled_ = true;
-      job = job_;
-    }
-    if (job) {
-      job->cancelled = true;
-      // A queued job leaves the queue now (its callback runs here and fails the stream); a
-      // running one stops at its next check.
-      service_->scheduler_->Remove(job, DeadlinePassed()
-                                            ? absl::DeadlineExceededError("deadline exceeded")
-                                            : absl::CancelledError("request cancelled"));
-    }
-  }
-  void OnDone() override {
-    const auto now = std::chrono::steady_clock::now();
-    const double seconds = std::chrono::duration<double>(now - start_).count();
-    std::string code;
-    {
-      std::lock_guard<std::recursive_mutex> lock(mu_);
-      const auto c = status_.error_code();
-      if (cancelled_ && (c == grpc::OK || c == grpc::CANCELLED || c == grpc::DEADLINE_EXCEEDED)) {
-        code = DeadlinePassed() ? "DEADLINE_EXCEEDED" : "CANCELLED";
-      } else {
-        code = GrpcCodeName(status_.error_code());
-      }
-    }
-    service_->metrics_->RequestDone(method_, code, seconds);
-    if (holds_slot_) service_->CloseStream();
-    Release();
-  }
-
- private:
-  class Hold {
-   public:
-    explicit Hold(StreamReactor* r) : r_(r) { r_->refs_.fetch_add(1); }
-    ~Hold() { r_->Release(); }
-
-   private:
-    StreamReactor* r_;
-  };
-  void Release() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
-  // gRPC cancels a call whose deadline passed; tell that apart from a client cancel (the two
-  // clocks are converted, hence the small slack).
-  bool DeadlinePassed() const {
-    return std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline_;
-  }
-
-  void WriteNextLocked() {
-    if (writing_ || finished_ || paused_) return;
-    while (!producers_.empty()) {
-      msg_.Clear();
-      if (producers_.front()(&msg_)) {
-        writing_ = true;
-        this->StartWrite(&msg_);
-        return;
-      }
-      producers_.pop_front();
-    }
-    if (completed_) FinishLocked();
-  }
-  void FinishLocked() {
-    if (finished_) return;
-    finished_ = true;
-    this->Finish(status_);
-  }
-
-  ExtractorService* service_;
-  const char* method_;
-  bool holds_slot_;
-  std::chrono::steady_clock::time_point deadline_;
-  std::chrono::steady_clock::time_point start_;
-  std::atomic<int> refs_{1};  // gRPC's, until OnDone
-  std::recursive_mutex mu_;   // reactions may run inline from StartWrite
-  std::deque<Producer> producers_;
-  Response msg_;
-  bool writing_ = false;
-  bool paused_ = false;
-  bool completed_ = false;
-  bool finished_ = false;
-  bool cancelled_ = false;
-  grpc::Status status_;
-  std::shared_ptr<Job> job_;
-};
-
 ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* scheduler,
                                    const Tokenizer* tokenizer, ExtractorMetrics* metrics,
                                    ExtractorLimits limits)
@@ -316,6 +147,14 @@ void ExtractorService::ContractToProto(const ExtractionContract& c, v1::Extracti
   out->set_weights_digest(c.weights_digest);
   out->set_tokenizer_digest(c.tokenizer_digest);
   out->set_specwire_version(c.specwire_version);
+}
+
+std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method,
+                                                                         bool holds_slot) {
+  return [this, method, holds_slot](const std::string& code, double seconds) {
+    metrics_->RequestDone(method, code, seconds);
+    if (holds_slot) CloseStream();
+  };
 }
 
 bool ExtractorService::TryOpenStream() {
@@ -439,7 +278,7 @@ grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerCon
 grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
     grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::ExtractResponse>(this, "Extract", slot, SteadyDeadline(ctx));
+  auto* r = new StreamReactor<v1::ExtractResponse>(SteadyDeadline(ctx), DoneHook("Extract", slot));
   if (!slot) {
     r->Fail(absl::ResourceExhaustedError(absl::StrCat(
         "too many concurrent streams (", limits_.max_concurrent_streams,
@@ -468,11 +307,9 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
   v1::ExtractionContract contract;
   ContractToProto(backend_->contract(), &contract);
   r->Pause();
-  r->Send([contract, sent = false](v1::ExtractResponse* m) mutable {
-    if (sent) return false;
-    *m->mutable_contract() = contract;
-    return sent = true;
-  });
+  v1::ExtractResponse first;
+  *first.mutable_contract() = std::move(contract);
+  r->SendMessage(std::move(first));
 
   job->deadline = SteadyDeadline(ctx);
   const std::string request_id = request->request_id();
@@ -486,7 +323,7 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
     metrics->QueueWait(timing.queue_seconds);
     if (!out.ok()) {
       r->Fail(out.status());
-      r->ReleaseJob();
+      r->ReleaseWork();
       return;
     }
     metrics->Tokens("Extract", tokens);
@@ -519,14 +356,21 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
       return sent = true;
     });
     r->Complete();
-    r->ReleaseJob();
+    r->ReleaseWork();
   };
-  r->AttachJob(job);
+  Scheduler* scheduler = scheduler_;
+  r->AttachWork([job, scheduler](bool deadline) {
+    job->cancelled = true;
+    // A queued job leaves the queue now (its callback fails the stream); a running one stops at
+    // its next check.
+    scheduler->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
+                                    : absl::CancelledError("request cancelled"));
+  });
   absl::Status submitted = scheduler_->Submit(job);
   metrics_->SetQueueDepth(scheduler_->queue_depth());
   if (!submitted.ok()) {
     r->Fail(submitted);  // before any message: the client sees a plain error status
-    r->ReleaseJob();     // the callback will never run
+    r->ReleaseWork();    // the callback will never run
   } else {
     r->Resume();
   }
@@ -536,7 +380,7 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
 grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::GenerateResponse>(this, "Generate", slot, SteadyDeadline(ctx));
+  auto* r = new StreamReactor<v1::GenerateResponse>(SteadyDeadline(ctx), DoneHook("Generate", slot));
   if (!slot) {
     r->Fail(absl::ResourceExhaustedError(absl::StrCat(
         "too many concurrent streams (", limits_.max_concurrent_streams,
@@ -580,11 +424,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
   v1::ExtractionContract contract;
   ContractToProto(backend_->contract(), &contract);
   r->Pause();
-  r->Send([contract, sent = false](v1::GenerateResponse* m) mutable {
-    if (sent) return false;
-    *m->mutable_contract() = contract;
-    return sent = true;
-  });
+  v1::GenerateResponse first;
+  *first.mutable_contract() = std::move(contract);
+  r->SendMessage(std::move(first));
   job->deadline = SteadyDeadline(ctx);
   const std::string request_id = request->request_id();
   ExtractorMetrics* metrics = metrics_;
@@ -594,7 +436,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
     metrics->QueueWait(timing.queue_seconds);
     if (!out.ok()) {
       r->Fail(out.status());
-      r->ReleaseJob();
+      r->ReleaseWork();
       return;
     }
     int64_t tokens = 0;
@@ -647,14 +489,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
       return sent = true;
     });
     r->Complete();
-    r->ReleaseJob();
+    r->ReleaseWork();
   };
-  r->AttachJob(job);
+  Scheduler* scheduler = scheduler_;
+  r->AttachWork([job, scheduler](bool deadline) {
+    job->cancelled = true;
+    // A queued job leaves the queue now (its callback fails the stream); a running one stops at
+    // its next check.
+    scheduler->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
+                                    : absl::CancelledError("request cancelled"));
+  });
   absl::Status submitted = scheduler_->Submit(job);
   metrics_->SetQueueDepth(scheduler_->queue_depth());
   if (!submitted.ok()) {
     r->Fail(submitted);  // before any message: the client sees a plain error status
-    r->ReleaseJob();     // the callback will never run
+    r->ReleaseWork();    // the callback will never run
   } else {
     r->Resume();
   }
@@ -709,7 +558,7 @@ grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerConte
 grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
     grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::TensorChunk>(this, "GetTensors", slot, SteadyDeadline(ctx));
+  auto* r = new StreamReactor<v1::TensorChunk>(SteadyDeadline(ctx), DoneHook("GetTensors", slot));
   if (!slot) {
     r->Fail(absl::ResourceExhaustedError("too many concurrent streams; retry later"));
     return r;

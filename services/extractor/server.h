@@ -64,9 +64,8 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   absl::StatusOr<int64_t> ResolveChunkBytes(uint32_t requested) const;
   bool TryOpenStream();
   void CloseStream();
-
-  template <class Response>
-  friend class StreamReactor;
+  // Records a finished stream's metrics and frees its concurrency slot.
+  std::function<void(const std::string&, double)> DoneHook(const char* method, bool holds_slot);
 
   ExtractorBackend* backend_;
   Scheduler* scheduler_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/stream_reactor.h"
 #include "common/status.h"
 
 namespace specwire {
@@ -289,149 +290,16 @@ std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerC
 
 }  // namespace
 
-// A Score stream: messages queued by the worker thread, written one at a time; the stream
-// finishes when the queue is empty after Complete(), or at once on Fail().
-//
-// Lifetime (the pattern of services/extractor/server.cc's StreamReactor): gRPC may run OnDone —
-// dropping gRPC's reference — on another thread the moment Finish() is called, and the worker may
-// still deliver messages after the call ended. So the reactor is reference-counted: one reference
-// for gRPC (until OnDone), one for the job (until its on_done returns), and one for the duration
-// of every method that can call Finish(), taken before the lock.
-class ScoreReactor : public grpc::ServerWriteReactor<v1::ScoreResponse> {
- public:
-  ScoreReactor(ScorerService* service, std::chrono::steady_clock::time_point deadline)
-      : service_(service), deadline_(deadline), start_(std::chrono::steady_clock::now()) {}
-
-  void Send(v1::ScoreResponse m) {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (completed_) return;
-    pending_.push_back(std::move(m));
-    WriteNextLocked();
-  }
-  void Complete() {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    completed_ = true;
-    WriteNextLocked();
-  }
-  void Fail(const absl::Status& s) {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (finished_) return;
-    pending_.clear();
-    completed_ = true;
-    status_ = ToGrpcStatus(s);
-    if (!writing_) FinishLocked();
-  }
-  void AttachJob(std::shared_ptr<ScoreJob> job) {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    refs_.fetch_add(1);
-    job_ = std::move(job);
-  }
-  void ReleaseJob() { Release(); }
-
-  void OnWriteDone(bool ok) override {
-    Hold hold(this);
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    writing_ = false;
-    if (!ok) {
-      pending_.clear();
-      completed_ = true;
-      if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, "client stopped reading");
-      if (job_) job_->cancelled = true;
-      FinishLocked();
-      return;
-    }
-    WriteNextLocked();
-  }
-  void OnCancel() override {
-    Hold hold(this);
-    std::shared_ptr<ScoreJob> job;
-    {
-      std::lock_guard<std::recursive_mutex> lock(mu_);
-      cancelled_ = true;
-      job = job_;
-    }
-    if (job) {
-      job->cancelled = true;
-      // A queued job leaves the queue now (its on_done fails the stream here); a running one
-      // stops at its next prompt.
-      service_->worker_->Remove(job, DeadlinePassed()
-                                         ? absl::DeadlineExceededError("deadline exceeded")
-                                         : absl::CancelledError("request cancelled"));
-    }
-  }
-  void OnDone() override {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    std::string code;
-    {
-      std::lock_guard<std::recursive_mutex> lock(mu_);
-      const auto c = status_.error_code();
-      if (cancelled_ && (c == grpc::OK || c == grpc::CANCELLED || c == grpc::DEADLINE_EXCEEDED)) {
-        code = DeadlinePassed() ? "DEADLINE_EXCEEDED" : "CANCELLED";
-      } else {
-        code = GrpcCodeName(c);
-      }
-    }
-    service_->metrics_->RequestDone("Score", code, seconds);
-    Release();
-  }
-
- private:
-  class Hold {
-   public:
-    explicit Hold(ScoreReactor* r) : r_(r) { r_->refs_.fetch_add(1); }
-    ~Hold() { r_->Release(); }
-
-   private:
-    ScoreReactor* r_;
-  };
-  void Release() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
-  bool DeadlinePassed() const {
-    return std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline_;
-  }
-  void WriteNextLocked() {
-    if (writing_ || finished_) return;
-    if (!pending_.empty()) {
-      msg_ = std::move(pending_.front());
-      pending_.pop_front();
-      writing_ = true;
-      StartWrite(&msg_);
-      return;
-    }
-    if (completed_) FinishLocked();
-  }
-  void FinishLocked() {
-    if (finished_) return;
-    finished_ = true;
-    Finish(status_);
-  }
-
-  ScorerService* service_;
-  std::chrono::steady_clock::time_point deadline_;
-  std::chrono::steady_clock::time_point start_;
-  std::atomic<int> refs_{1};  // gRPC's, until OnDone
-  std::recursive_mutex mu_;   // reactions may run inline from StartWrite
-  std::deque<v1::ScoreResponse> pending_;
-  v1::ScoreResponse msg_;
-  bool writing_ = false;
-  bool completed_ = false;
-  bool finished_ = false;
-  bool cancelled_ = false;
-  grpc::Status status_;
-  std::shared_ptr<ScoreJob> job_;
-};
-
 ScorerService::ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreRunnerOptions limits)
     : worker_(worker), metrics_(metrics), limits_(std::move(limits)) {}
 
 grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::CallbackServerContext* ctx,
                                                                   const v1::ScoreRequest* request) {
-  auto* r = new ScoreReactor(this, SteadyDeadline(ctx));
+  ScorerMetrics* metrics = metrics_;
+  auto* r = new StreamReactor<v1::ScoreResponse>(
+      SteadyDeadline(ctx), [metrics](const std::string& code, double seconds) {
+        metrics->RequestDone("Score", code, seconds);
+      });
   auto job = std::make_shared<ScoreJob>();
   job->spec = SpecFromProto(*request);
   absl::Status valid = ValidateSpec(job->spec, limits_);
@@ -446,20 +314,19 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
   };
   auto state = std::make_shared<JobState>();
-  ScorerMetrics* metrics = metrics_;
   job->events.on_start = [r, state](const ScoreStart& s) {
     state->labels = s.labels;
     state->block_size = s.drafter.block_size;
     state->last = std::chrono::steady_clock::now();
     v1::ScoreResponse m;
     ContractToProto(s.contract, m.mutable_contract());
-    r->Send(std::move(m));
+    r->SendMessage(std::move(m));
   };
   job->events.on_progress = [r, state, metrics](const ScoreProgress& p) {
     metrics->Progress(state->labels, p);
     v1::ScoreResponse m;
     ProgressToProto(p, m.mutable_progress());
-    r->Send(std::move(m));
+    r->SendMessage(std::move(m));
   };
   job->events.on_prompt = [r, state, metrics](const PromptScore& s) {
     const auto now = std::chrono::steady_clock::now();
@@ -468,13 +335,13 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     state->last = now;
     v1::ScoreResponse m;
     PromptScoreToProto(s, m.mutable_result());
-    r->Send(std::move(m));
+    r->SendMessage(std::move(m));
   };
   job->events.on_summary = [r, state, metrics](const AcceptanceSummary& s) {
     metrics->Summary(state->labels, s);
     v1::ScoreResponse m;
     SummaryToProto(s, m.mutable_summary());
-    r->Send(std::move(m));
+    r->SendMessage(std::move(m));
   };
   job->on_done = [r](const absl::Status& s) {
     if (s.ok()) {
@@ -482,13 +349,20 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     } else {
       r->Fail(s);
     }
-    r->ReleaseJob();
+    r->ReleaseWork();
   };
-  r->AttachJob(job);
+  ScoreWorker* worker = worker_;
+  r->AttachWork([job, worker](bool deadline) {
+    job->cancelled = true;
+    // A queued job leaves the queue now (its on_done fails the stream); a running one stops at
+    // its next prompt.
+    worker->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
+                                 : absl::CancelledError("request cancelled"));
+  });
   absl::Status submitted = worker_->Submit(job);
   if (!submitted.ok()) {
     r->Fail(submitted);
-    r->ReleaseJob();  // on_done will never run
+    r->ReleaseWork();  // on_done will never run
   }
   return r;
 }

@@ -60,8 +60,6 @@ class ScoreWorker {
   std::thread thread_;
 };
 
-class ScoreReactor;
-
 class ScorerService final : public v1::Scorer::CallbackService {
  public:
   // Everything passed in must outlive the service. `limits` are checked in the reaction.
@@ -71,7 +69,6 @@ class ScorerService final : public v1::Scorer::CallbackService {
                                                      const v1::ScoreRequest* request) override;
 
  private:
-  friend class ScoreReactor;
   ScoreWorker* worker_;
   ScorerMetrics* metrics_;
   ScoreRunnerOptions limits_;

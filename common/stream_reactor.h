@@ -1,0 +1,207 @@
+// A server-streaming gRPC call fed by other threads, shared by the extractor and the scorer.
+//
+// Messages come from a queue of producers: the reaction queues the first ones (the contract),
+// worker threads queue results later. One write is in flight at a time; the stream finishes when
+// the producers are exhausted after Complete(), or at once on Fail().
+//
+// Lifetime: gRPC may run OnDone — which drops gRPC's reference — on another thread the moment
+// Finish() is called, and a worker may still deliver results after the call has ended. So the
+// reactor is reference-counted: one reference for gRPC (until OnDone), one per attached piece of
+// work (until ReleaseWork()), and one for the duration of every method that can call Finish(),
+// taken before the lock so the lock is released while the object is alive.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "common/grpc_status.h"
+
+namespace specwire {
+
+template <class Response>
+class StreamReactor : public grpc::ServerWriteReactor<Response> {
+ public:
+  // Fills the next message and returns true, or returns false when it has nothing more.
+  using Producer = std::function<bool(Response*)>;
+  // Called once, outside the reactor's lock, when the client cancels, the deadline passes or the
+  // client stops reading; `deadline` tells the deadline case apart.
+  using CancelHook = std::function<void(bool deadline)>;
+  // Called from OnDone with the final status code name ("OK", "CANCELLED", ...) and duration.
+  using DoneHook = std::function<void(const std::string& code, double seconds)>;
+
+  StreamReactor(std::chrono::steady_clock::time_point deadline, DoneHook on_done)
+      : deadline_(deadline), on_done_(std::move(on_done)), start_(std::chrono::steady_clock::now()) {}
+
+  // Writes wait until Resume(): a first message can be queued before the work is submitted, so
+  // it is always first, while a submission error still arrives as a plain status.
+  void Pause() {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    paused_ = true;
+  }
+  void Resume() {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    paused_ = false;
+    WriteNextLocked();
+  }
+  void Send(Producer p) {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (completed_) return;
+    producers_.push_back(std::move(p));
+    WriteNextLocked();
+  }
+  // Queues one ready message.
+  void SendMessage(Response m) {
+    Send([m = std::move(m), sent = false](Response* out) mutable {
+      if (sent) return false;
+      *out = std::move(m);
+      return sent = true;
+    });
+  }
+  void Complete() {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    completed_ = true;
+    WriteNextLocked();
+  }
+  void Fail(const absl::Status& s) {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (finished_) return;
+    producers_.clear();
+    completed_ = true;
+    paused_ = false;
+    status_ = ToGrpcStatus(s);
+    if (!writing_) FinishLocked();
+  }
+  // Work that will call back later: the reactor stays alive until ReleaseWork(). `on_cancel`
+  // runs at once if the call was already cancelled.
+  void AttachWork(CancelHook on_cancel) {
+    refs_.fetch_add(1);
+    bool run_now = false;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      on_cancel_ = std::move(on_cancel);
+      run_now = cancelled_;
+    }
+    if (run_now) FireCancel();
+  }
+  void ReleaseWork() { Release(); }
+
+  void OnWriteDone(bool ok) override {
+    Hold hold(this);
+    bool stopped = false;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) {
+        // The client went away; stop producing.
+        producers_.clear();
+        completed_ = true;
+        cancelled_ = true;
+        if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, "client stopped reading");
+        FinishLocked();
+        stopped = true;
+      } else {
+        WriteNextLocked();
+      }
+    }
+    if (stopped) FireCancel();
+  }
+  void OnCancel() override {
+    Hold hold(this);
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      cancelled_ = true;
+    }
+    FireCancel();
+  }
+  void OnDone() override {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::string code;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      const auto c = status_.error_code();
+      if (cancelled_ && (c == grpc::OK || c == grpc::CANCELLED || c == grpc::DEADLINE_EXCEEDED)) {
+        code = DeadlinePassed() ? "DEADLINE_EXCEEDED" : "CANCELLED";
+      } else {
+        code = GrpcCodeName(c);
+      }
+    }
+    if (on_done_) on_done_(code, seconds);
+    Release();
+  }
+
+ private:
+  class Hold {
+   public:
+    explicit Hold(StreamReactor* r) : r_(r) { r_->refs_.fetch_add(1); }
+    ~Hold() { r_->Release(); }
+
+   private:
+    StreamReactor* r_;
+  };
+  void Release() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  // gRPC cancels a call whose deadline passed; tell that apart from a client cancel (the two
+  // clocks are converted, hence the small slack).
+  bool DeadlinePassed() const {
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline_;
+  }
+  void FireCancel() {
+    CancelHook hook;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      hook = std::move(on_cancel_);
+      on_cancel_ = nullptr;
+    }
+    if (hook) hook(DeadlinePassed());
+  }
+  void WriteNextLocked() {
+    if (writing_ || finished_ || paused_) return;
+    while (!producers_.empty()) {
+      msg_.Clear();
+      if (producers_.front()(&msg_)) {
+        writing_ = true;
+        this->StartWrite(&msg_);
+        return;
+      }
+      producers_.pop_front();
+    }
+    if (completed_) FinishLocked();
+  }
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    this->Finish(status_);
+  }
+
+  std::chrono::steady_clock::time_point deadline_;
+  DoneHook on_done_;
+  std::chrono::steady_clock::time_point start_;
+  std::atomic<int> refs_{1};  // gRPC's, until OnDone
+  std::recursive_mutex mu_;   // reactions may run inline from StartWrite
+  std::deque<Producer> producers_;
+  Response msg_;
+  CancelHook on_cancel_;
+  bool writing_ = false;
+  bool paused_ = false;
+  bool completed_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  grpc::Status status_;
+};
+
+}  // namespace specwire
