@@ -80,6 +80,9 @@ class ExtractorServer:
                f"--listen=127.0.0.1:{self.port}", f"--threads={THREADS}",
                "--metrics_listen="
                + (f"127.0.0.1:{self.metrics_port}" if self.metrics_port else ""),
+               # Room for the lifecycle tests' endless generations; tests of the limit pass
+               # their own value after it (the last flag wins).
+               "--max_new_tokens=100000",
                *self.args]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

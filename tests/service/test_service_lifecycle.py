@@ -15,7 +15,9 @@ from extractor_harness import metric_value, random_sequences
 
 from specwire_client import ExtractorClient, ExtractorError, extractor_pb2 as pb
 
-LONG_GENERATE = 4000  # tokens: > 10 s unless stopped
+# Tokens: a tiny model on an idle machine decodes thousands of tokens a second, so this is
+# minutes of work, always cancelled long before it ends.
+LONG_GENERATE = 100000
 
 
 def long_generate(stub, request_id: str = "long") -> grpc.Call:
