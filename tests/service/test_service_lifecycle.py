@@ -18,6 +18,7 @@ from specwire_client import ExtractorClient, ExtractorError, extractor_pb2 as pb
 # Tokens: a tiny model on an idle machine decodes thousands of tokens a second, so this is
 # minutes of work, always cancelled long before it ends.
 LONG_GENERATE = 100000
+DRAIN_GENERATE = 3000  # tokens of the Generate that SIGTERM must let finish
 
 
 def long_generate(stub, request_id: str = "long") -> grpc.Call:
@@ -303,7 +304,9 @@ def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
 def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
     """SIGTERM: a running Generate and an Extract queued behind it both finish OK with their
     trailers; a request sent after SIGTERM is refused; then the process exits 0."""
-    server = server_factory(checkpoint)
+    # Long enough to still run when the Extract arrives on an idle machine (a tiny model decodes
+    # thousands of tokens a second), with a drain window that a loaded one cannot exceed.
+    server = server_factory(checkpoint, args=("--drain_seconds=150",))
     prompt = random_sequences([4], seed=7)[0]
     seqs = random_sequences([6, 9], seed=8)
     results: dict[str, object] = {}
@@ -317,7 +320,7 @@ def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
                 results[name] = e
 
         gen = threading.Thread(target=run, args=("generate", lambda: c.generate(
-            [prompt], 600, ignore_model_eos=True, layer_ids=[1], dtype="fp32")))
+            [prompt], DRAIN_GENERATE, ignore_model_eos=True, layer_ids=[1], dtype="fp32")))
         gen.start()
         wait_for(lambda: _active_streams(server) == 1, 5, "the Generate to start")
         ext = threading.Thread(target=run, args=("extract", lambda: c.extract_stream(
@@ -329,14 +332,15 @@ def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
         with pytest.raises(ExtractorError) as info:
             c.extract([[1, 2]], [0], timeout=10)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
-        gen.join(timeout=60)
-        ext.join(timeout=60)
+        gen.join(timeout=180)
+        ext.join(timeout=180)
     assert not isinstance(results["generate"], Exception), results["generate"]
     assert not isinstance(results["extract"], Exception), results["extract"]
     [g] = results["generate"]
-    assert len(g.completion_ids) == 600 and g.states["layer.1"].shape == (604, 64)
+    assert len(g.completion_ids) == DRAIN_GENERATE
+    assert g.states["layer.1"].shape == (DRAIN_GENERATE + 4, 64)
     res = results["extract"]
     assert res.trailer.sequences == 2 and [s["layer.2"].shape[0] for s in res.sequences] == [6, 9]
-    assert server.proc.wait(timeout=30) == 0
+    assert server.proc.wait(timeout=60) == 0
     assert "stopped" in server.log()
 
