@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) at::set_num_threads(threads);
+  KeepFreedMemoryForReuse();  // as the extractor does
   auto dtype = ParseComputeDtype(dtype_name);
   if (!dtype.ok()) return Fail(std::string(dtype.status().message()));
   LoadOptions load;

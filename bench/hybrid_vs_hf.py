@@ -15,10 +15,14 @@ both see the same machine state; medians are compared. Two transformers baseline
 The headline compares against hf-keep1, the stricter of the two.
 
 Peak memory is the peak RSS of a process doing one configuration only (os.wait4's rusage of that
-child, in MiB; it includes each runtime's own footprint: libtorch for specwire, Python + torch +
-transformers for hf):
+process, started from a small launcher; in MiB, including each runtime's own footprint: libtorch
+for specwire, Python + torch + transformers for hf):
   specwire  the specwire-bench-extract processes of the timing rounds (the largest of them)
   hf        a fresh Python child that loads the model and runs one forward (hf and hf-keep1 each)
+
+Allocator: specwire-bench-extract tunes glibc malloc as the extractor does (freed memory kept for
+reuse, common/models/torch_util.h KeepFreedMemoryForReuse); transformers runs with Python's
+defaults. --malloc-top-pad-mib gives every process a larger heap top pad to narrow that gap.
 
 Last line: hybrid_vs_hf_ratio=<median over configs of hf-keep1 time / specwire time>.
 """
@@ -28,7 +32,6 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -95,43 +98,51 @@ def time_hf(model, ids: torch.Tensor, reps: int, keep1: bool) -> list[float]:
     return times
 
 
-def run_child(cmd: list[str]) -> tuple[str, float]:
-    """Runs cmd; returns its stdout and the peak RSS in MiB of that child alone.
+# Runs argv[1:] and then prints its peak RSS (KiB) as the last stdout line. The measured process is
+# forked from this small launcher, not from the benchmark: a child's ru_maxrss also counts the
+# image it was forked from until exec (the benchmark holds a loaded model), and RUSAGE_CHILDREN
+# would be the maximum over every child the benchmark ever waited for.
+_LAUNCHER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(proc.pid, 0)
+proc.returncode = os.waitstatus_to_exitcode(status)
+sys.stdout.flush()
+print(f"maxrss_kib={usage.ru_maxrss}", flush=True)
+sys.exit(proc.returncode)
+"""
 
-    os.wait4 reaps the child and returns its own rusage (RUSAGE_CHILDREN would be the maximum
-    over every child this process ever waited for).
-    """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # stderr passes through
-    stdout = proc.stdout.read()
-    proc.stdout.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}")
-    return stdout, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+def run_child(cmd: list[str]) -> tuple[str, float]:
+    """Runs cmd in a fresh process; returns its stdout and its peak RSS in MiB."""
+    res = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], stdout=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {res.returncode}")
+    *lines, last = res.stdout.strip().splitlines()
+    assert last.startswith("maxrss_kib="), last
+    return "\n".join(lines), int(last.split("=")[1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
 def time_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int,
               threads: int) -> tuple[list[float], float]:
-    stdout, peak = run_child([str(exe), "--model", str(path), "--dtype", dtype,
-                                     "--seq-lens", str(seq_len), "--reps", str(reps),
-                                     "--warmup", "1", "--threads", str(threads)])
+    stdout, peak = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq-lens",
+                              str(seq_len), "--reps", str(reps), "--warmup", "1", "--threads",
+                              str(threads)])
     return json.loads(stdout.strip().splitlines()[-1])["times_s"], peak
 
 
 def hf_peak_mib(path: Path, dtype: str, seq_len: int, keep1: bool, threads: int) -> float:
-    stdout, peak = run_child([sys.executable, str(Path(__file__).resolve()), "--hf-child",
-                                     "--model", str(path), "--dtypes", dtype, "--seq-lens",
-                                     str(seq_len), "--threads", str(threads)]
-                                    + (["--keep1"] if keep1 else []))
+    _, peak = run_child([sys.executable, str(Path(__file__).resolve()), "--hf-child", "--model",
+                         str(path), "--dtypes", dtype, "--seq-lens", str(seq_len), "--threads",
+                         str(threads)] + (["--keep1"] if keep1 else []))
     return peak
 
 
 def hf_child(args) -> int:
     """One configuration, one forward, in a fresh process: its peak RSS is the caller's figure."""
+    transformers.logging.set_verbosity_error()  # the parent has said which kernels run
     with torch.inference_mode():
         hf_forward(load_hf(Path(args.model), args.dtypes), token_ids(int(args.seq_lens)), args.keep1)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return 0
 
 
@@ -145,12 +156,21 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions per round")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-memory", action="store_true", help="skip the hf peak-memory children")
+    ap.add_argument("--malloc-top-pad-mib", type=int, default=0,
+                    help="run every process (hf here, specwire, the memory children) with glibc's "
+                         "MALLOC_TOP_PAD_ = N MiB, so freed heap tops are kept instead of being "
+                         "returned to the kernel and faulted in again; 0: glibc's default")
     ap.add_argument("--hf-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--keep1", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    pad = str(args.malloc_top_pad_mib << 20)
+    if args.malloc_top_pad_mib and os.environ.get("MALLOC_TOP_PAD_") != pad:
+        os.environ["MALLOC_TOP_PAD_"] = pad  # read by glibc at start-up: start again with it
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
     if args.hf_child:
         return hf_child(args)
 
@@ -163,6 +183,8 @@ def main() -> int:
           f"{config.layer_types.count('linear_attention')} gated-deltanet, "
           f"{config.layer_types.count('full_attention')} full attention), threads={args.threads}, "
           f"torch {torch.__version__}, transformers {transformers.__version__}")
+    print("glibc malloc: " + (f"MALLOC_TOP_PAD_={args.malloc_top_pad_mib} MiB in every process"
+                              if args.malloc_top_pad_mib else "default settings"))
     if installed:
         print(f"transformers reference: kernel packages {installed} installed, so transformers runs "
               "their kernels, not its torch fallback (specwire reproduces the fallback)")

@@ -15,11 +15,46 @@ namespace {
 at::Tensor L2Norm(const at::Tensor& x) {
   return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6);
 }
+at::Tensor& L2Normalize_(at::Tensor& x) {  // in place, same values
+  return x.mul_(at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6));
+}
 
-// The prologue both delta-rule kernels share: grouped value attention (key heads repeated to the
-// value heads), heads-major fp32 layout, L2-normalised q and k. q is not yet scaled (the two
-// reference kernels scale it differently: chunked multiplies by dk^-1/2, recurrent divides by
-// dk^1/2, and the roundings differ).
+// x [B, R, C] → contiguous [B, C, R], i.e. x.transpose(1, 2).contiguous(). On the CPU one 2-D
+// matrix at a time: ATen copies a transposed 2-D matrix in cache-sized blocks, but a transposed
+// 3-D view element by element along a stride (5-10x slower for the [T, conv_dim] activations).
+at::Tensor TransposeLastTwo(const at::Tensor& x) {
+  if (!x.is_cpu() || !x.is_contiguous()) return x.transpose(1, 2).contiguous();
+  at::Tensor out = at::empty({x.size(0), x.size(2), x.size(1)}, x.options());
+  for (int64_t b = 0; b < x.size(0); ++b) out.select(0, b).copy_(x.select(0, b).t());
+  return out;
+}
+
+// The chunked kernel's working layout: x [B, T, h, d] (any strides and dtype) → fp32
+// [B, N, h, C, d], chunk-major, zero past T (the reference's zero padding). A block of chunks is
+// then one contiguous slab (no copies when matmul flattens its batch dimensions) and each chunk's
+// [B, h, C, d] slice is contiguous for the sequential phase.
+at::Tensor ChunkMajor(const at::Tensor& x, int64_t C, int64_t N) {
+  const int64_t B = x.size(0), T = x.size(1), h = x.size(2), d = x.size(3);
+  at::Tensor out = at::empty({B, N, h, C, d}, x.options().dtype(at::kFloat));
+  const int64_t full = T / C, rest = T - full * C;
+  if (full > 0) {
+    out.narrow(1, 0, full)
+        .permute({0, 1, 3, 2, 4})
+        .copy_(x.narrow(1, 0, full * C).reshape({B, full, C, h, d}));
+  }
+  if (rest > 0) {
+    at::Tensor tail = out.select(1, full);  // [B, h, C, d]
+    tail.narrow(2, rest, C - rest).zero_();
+    tail.narrow(2, 0, rest).copy_(x.narrow(1, full * C, rest).transpose(1, 2));
+  }
+  return out;
+}
+
+// The reference kernels' shared prologue, as the recurrent kernel uses it (the chunked one does the
+// same per row in its own layout): grouped value attention (key heads repeated to the value
+// heads), heads-major fp32 layout, L2-normalised q and k. q is not yet scaled (the two reference
+// kernels scale it differently: chunked multiplies by dk^-1/2, recurrent divides by dk^1/2, and
+// the roundings differ).
 struct DeltaRuleInputs {
   at::Tensor q, k, v;  // [B, nv, T, dk|dv] fp32
   at::Tensor g, beta;  // [B, nv, T] fp32
@@ -61,13 +96,16 @@ at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& w, const at::
 
 // Qwen3_5RMSNormGated: plain-w RMSNorm over dv, then × silu(z). Rounded like transformers: the
 // normed value is cast to the compute dtype before × w, the gate product is taken in fp32 and
-// cast once at the end.   x, z: [N, dv]; w: [dv]
-at::Tensor GatedRmsNorm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& w, double eps) {
+// cast once at the end.   x, z: [N, dv], temporaries that are overwritten; w: [dv]
+// (In-place products: the same values as the out-of-place ones, fewer fresh buffers to fault in.)
+at::Tensor GatedRmsNorm(at::Tensor x, at::Tensor z, const at::Tensor& w, double eps) {
   const at::ScalarType in_dtype = x.scalar_type();
   at::Tensor xf = x.to(at::kFloat);
-  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  at::Tensor scaled = w * normed.to(in_dtype);
-  return (scaled * at::silu(z.to(at::kFloat))).to(in_dtype);
+  at::Tensor normed = xf.mul_(at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps));
+  at::Tensor scaled = normed.to(in_dtype).mul_(w);           // w · normed
+  at::Tensor gate = z.to(at::kFloat);
+  at::silu_(gate).mul_(scaled);  // scaled · silu(z), fp32
+  return gate.to(in_dtype);
 }
 
 // Chunks processed together in the intra-chunk phase of the chunked kernel: bounds its
@@ -84,71 +122,88 @@ DeltaRuleResult GatedDeltaRuleChunked(const at::Tensor& q_in, const at::Tensor& 
                                       const at::Tensor& beta_in, const at::Tensor& initial_state,
                                       int64_t C) {
   const at::ScalarType out_dtype = q_in.scalar_type();
-  const int64_t B = v_in.size(0), T = v_in.size(1), H = v_in.size(2), dk = k_in.size(3),
-                dv = v_in.size(3);
-  auto [q, k, v, g, beta] = DeltaRulePrologue(q_in, k_in, v_in, g_in, beta_in);
-  q = q * std::pow(static_cast<double>(dk), -0.5);  // [B, H, T, dk]
-
-  // Zero-pad T to a multiple of C. A padded tail only follows real tokens, so it cannot reach
-  // them (and with k = 0 it leaves the state untouched).
-  const int64_t pad = (C - T % C) % C;
-  const int64_t N = (T + pad) / C;  // chunks
-  if (pad > 0) {
-    q = at::constant_pad_nd(q, {0, 0, 0, pad});
-    k = at::constant_pad_nd(k, {0, 0, 0, pad});
-    v = at::constant_pad_nd(v, {0, 0, 0, pad});
-    beta = at::constant_pad_nd(beta, {0, pad});
-    g = at::constant_pad_nd(g, {0, pad});
-  }
+  const int64_t B = v_in.size(0), T = v_in.size(1), H = v_in.size(2), nk = k_in.size(2),
+                dk = k_in.size(3), dv = v_in.size(3);
+  TORCH_CHECK(H % nk == 0, "value heads ", H, " are not a multiple of key heads ", nk);
+  // The reference's prologue (repeat key heads, fp32 heads-major, L2-normalise, scale q, zero-pad T
+  // to a multiple of C) in the chunk-major layout [B, N, heads, C, d]. q and k are normalised and
+  // scaled per key head, then repeated: the same per-row arithmetic on half the rows. Zero padding
+  // stays zero through both (0 · rsqrt(0 + eps)). A padded tail only follows real tokens, so it
+  // cannot reach them (and with k = 0 it leaves the state untouched).
+  const int64_t N = (T + C - 1) / C;  // chunks
+  auto repeat_heads = [&](const at::Tensor& x) {  // [B, N, nk, C, d] → [B, N, H, C, d]
+    if (nk == H) return x;
+    const int64_t d = x.size(-1);
+    // value head j reads key head j / (H / nk), as repeat_interleave
+    return x.unsqueeze(3).expand({B, N, nk, H / nk, C, d}).reshape({B, N, H, C, d});
+  };
+  // (Products are taken in place where an operand is a dead temporary: same values, fewer fresh
+  // buffers for the allocator to fault in.)
+  at::Tensor q = ChunkMajor(q_in, C, N);
+  q = repeat_heads(L2Normalize_(q).mul_(std::pow(static_cast<double>(dk), -0.5)));  // [B,N,H,C,dk]
+  at::Tensor k = ChunkMajor(k_in, C, N);
+  k = repeat_heads(L2Normalize_(k));
+  at::Tensor g = ChunkMajor(g_in.unsqueeze(-1), C, N).squeeze(-1);  // [B, N, H, C]
+  at::Tensor beta = ChunkMajor(beta_in.unsqueeze(-1), C, N);        // [B, N, H, C, 1]
   // β is the per-token write strength of the delta rule.
-  at::Tensor v_beta = (v * beta.unsqueeze(-1)).view({B, H, N, C, dv});
-  at::Tensor k_beta = (k * beta.unsqueeze(-1)).view({B, H, N, C, dk});
-  q = q.view({B, H, N, C, dk});
-  k = k.view({B, H, N, C, dk});
-  g = g.view({B, H, N, C});
+  at::Tensor v_beta = ChunkMajor(v_in, C, N).mul_(beta);  // [B, N, H, C, dv]
+  at::Tensor k_beta = k * beta;
 
-  const auto opts = v.options();
+  const auto opts = v_beta.options();
   at::Tensor strictly_upper =
       at::ones({C, C}, opts.dtype(at::kBool)).triu(1);  // what a position may not see
-  at::Tensor S = initial_state.defined() ? initial_state.to(opts)
-                                         : at::zeros({B, H, dk, dv}, opts);  // [B, H, dk, dv]
-  at::Tensor out = at::empty({B, H, N * C, dv}, opts);
+  at::Tensor S = initial_state.defined()
+                     ? initial_state.to(opts, /*non_blocking=*/false, /*copy=*/true)
+                     : at::zeros({B, H, dk, dv}, opts);  // [B, H, dk, dv], updated in place
+  at::Tensor out = at::empty({B, N, H, C, dv}, opts);
 
   for (int64_t n0 = 0; n0 < N; n0 += kChunksPerBlock) {
     const int64_t nb = std::min(kChunksPerBlock, N - n0);
-    at::Tensor qc = q.narrow(2, n0, nb), kc = k.narrow(2, n0, nb);  // [B, H, nb, C, dk]
-    at::Tensor kbc = k_beta.narrow(2, n0, nb), vbc = v_beta.narrow(2, n0, nb);
+    at::Tensor qc = q.narrow(1, n0, nb), kc = k.narrow(1, n0, nb);  // [B, nb, H, C, dk]
+    at::Tensor kbc = k_beta.narrow(1, n0, nb), vbc = v_beta.narrow(1, n0, nb);
 
     // --- intra-chunk phase (all chunks of the block at once) ---
-    at::Tensor G = g.narrow(2, n0, nb).cumsum(-1);  // [B, H, nb, C] log decay since chunk start
+    at::Tensor G = g.narrow(1, n0, nb).cumsum(-1);  // [B, nb, H, C] log decay since chunk start
     // D[i, j] = exp(G_i − G_j) for j <= i, 0 above the diagonal (masked to −inf before exp).
-    at::Tensor D = (G.unsqueeze(-1) - G.unsqueeze(-2))
-                       .masked_fill(strictly_upper, -std::numeric_limits<float>::infinity())
-                       .exp();                                  // [B, H, nb, C, C]
-    at::Tensor A = at::matmul(kbc, kc.transpose(-1, -2)) * D;   // the UT system, unit-lower
-    at::Tensor Aqk = at::matmul(qc, kc.transpose(-1, -2)) * D;  // intra-chunk attention
-    at::Tensor kb_decayed = kbc * G.exp().unsqueeze(-1);        // [B, H, nb, C, dk]
+    at::Tensor D = G.unsqueeze(-1) - G.unsqueeze(-2);  // [B, nb, H, C, C]
+    D.masked_fill_(strictly_upper, -std::numeric_limits<float>::infinity()).exp_();
+    at::Tensor A = at::matmul(kbc, kc.transpose(-1, -2)).mul_(D);   // the UT system, unit-lower
+    at::Tensor Aqk = at::matmul(qc, kc.transpose(-1, -2)).mul_(D);  // intra-chunk attention
+    at::Tensor G_exp = G.exp().unsqueeze(-1);                       // [B, nb, H, C, 1]
+    at::Tensor kb_decayed = kbc * G_exp;                            // [B, nb, H, C, dk]
     // (I + strictly_lower(A)) U = β v and W likewise for the decayed keys: the chunk's delta-rule
     // updates in closed form. Same solver as the reference (not forward substitution).
     at::Tensor U = at::linalg_solve_triangular(A, vbc, /*upper=*/false, /*left=*/true,
-                                               /*unitriangular=*/true);  // [B, H, nb, C, dv]
+                                               /*unitriangular=*/true);  // [B, nb, H, C, dv]
     at::Tensor W = at::linalg_solve_triangular(A, kb_decayed, false, true, true);  // [.., C, dk]
-    at::Tensor q_decayed = qc * G.exp().unsqueeze(-1);                             // reads S
-    at::Tensor k_decayed = kc * (G.narrow(-1, C - 1, 1) - G).exp().unsqueeze(-1);  // writes S
+    // q and k are dead past this block once decayed: in place.
+    at::Tensor q_decayed = qc.mul_(G_exp);                                          // reads S
+    at::Tensor k_decayed = kc.mul_((G.narrow(-1, C - 1, 1) - G).exp().unsqueeze(-1));  // writes S
     at::Tensor chunk_decay =
-        G.select(-1, C - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [.., nb, 1, 1]
+        G.select(-1, C - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, nb, H, 1, 1]
 
     // --- inter-chunk phase: the state is carried chunk to chunk ---
     for (int64_t i = 0; i < nb; ++i) {
-      at::Tensor v_new = U.select(2, i) - at::matmul(W.select(2, i), S);  // [B, H, C, dv]
-      at::Tensor inter = at::matmul(q_decayed.select(2, i), S);
-      out.narrow(2, (n0 + i) * C, C).copy_(inter + at::matmul(Aqk.select(2, i), v_new));
-      S = S * chunk_decay.select(2, i) +
-          at::matmul(k_decayed.select(2, i).transpose(-1, -2), v_new);
+      at::Tensor v_new = at::matmul(W.select(1, i), S);  // [B, H, C, dv]
+      at::sub_out(v_new, U.select(1, i), v_new);         // U − W S
+      at::Tensor inter = at::matmul(q_decayed.select(1, i), S);
+      at::Tensor out_i = out.select(1, n0 + i);  // [B, H, C, dv], contiguous
+      at::add_out(out_i, inter, at::matmul(Aqk.select(1, i), v_new));
+      S.mul_(chunk_decay.select(1, i))
+          .add_(at::matmul(k_decayed.select(1, i).transpose(-1, -2), v_new));
     }
   }
-  // [B, H, T, dv] -> [B, T, H, dv]
-  at::Tensor o = out.narrow(2, 0, T).transpose(1, 2).to(out_dtype).contiguous();
+  // [B, N, H, C, dv] -> [B, T, H, dv] in the input dtype (full chunks, then the partial one).
+  at::Tensor o = at::empty({B, T, H, dv}, opts.dtype(out_dtype));
+  const int64_t full = T / C, rest = T - full * C;
+  if (full > 0) {
+    o.narrow(1, 0, full * C)
+        .view({B, full, C, H, dv})
+        .copy_(out.narrow(1, 0, full).permute({0, 1, 3, 2, 4}));
+  }
+  if (rest > 0) {
+    o.narrow(1, full * C, rest).copy_(out.select(1, full).narrow(2, 0, rest).transpose(1, 2));
+  }
   return {o, S};
 }
 
@@ -222,7 +277,8 @@ at::Tensor Qwen3_5DecoderLayer::Forward(const at::Tensor& h, const ForwardContex
 
   // --- MLP block ---
   at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kOnePlusWeight);
-  at::Tensor act = at::silu(at::linear(m, gate_w_)) * at::linear(m, up_w_);  // [B, T, I]
+  at::Tensor act = at::linear(m, gate_w_);  // [B, T, I]
+  at::silu_(act).mul_(at::linear(m, up_w_));  // silu(gate) · up, in place
   out.add_(at::linear(act, down_w_));
   return out;
 }
@@ -341,23 +397,30 @@ at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ct
   const bool continues = ctx.past_len > 0;  // the cache holds the state after earlier tokens
   TORCH_CHECK(!continues || cache != nullptr, "a forward with past tokens needs a cache");
 
-  at::Tensor mixed = at::linear(n, in_qkv_w_).transpose(1, 2);   // [B, conv_dim, T]
+  at::Tensor mixed_btc = at::linear(n, in_qkv_w_);               // [B, T, conv_dim]
+  at::Tensor mixed = mixed_btc.transpose(1, 2);                  // [B, conv_dim, T]
   at::Tensor z = at::linear(n, in_z_w_).view({B, T, nv_, dv_});  // output gate
   at::Tensor b = at::linear(n, in_b_w_);                         // [B, T, nv]
   at::Tensor a = at::linear(n, in_a_w_);                         // [B, T, nv]
 
-  // Short causal conv over the concatenated [q | k | v] channels, before the split.
-  at::Tensor conv = CausalConv1dSilu(mixed, conv_w_, continues ? cache->conv_state : at::Tensor());
+  // Short causal conv over the concatenated [q | k | v] channels, before the split. conv1d makes
+  // a non-contiguous input contiguous before its kernel; on the CPU that copy is done here, with
+  // the faster transpose (the same layout reaches the kernel, so the same rounding). A view that
+  // already counts as contiguous (T = 1) is passed as is: conv1d picks its kernel by the strides.
+  at::Tensor conv_in =
+      mixed.is_cpu() && !mixed.is_contiguous() ? TransposeLastTwo(mixed_btc) : mixed;
+  at::Tensor conv = CausalConv1dSilu(conv_in, conv_w_, continues ? cache->conv_state : at::Tensor());
   if (cache != nullptr) {
     const int64_t keep = conv_kernel_ - 1;
     at::Tensor history = continues ? at::cat({cache->conv_state, mixed}, 2)
                                    : at::constant_pad_nd(mixed, {keep, 0});  // [B, C, keep + T]
     cache->conv_state.copy_(history.narrow(2, history.size(2) - keep, keep));
   }
-  conv = conv.transpose(1, 2);  // [B, T, conv_dim]
-  at::Tensor q = conv.narrow(-1, 0, key_dim_).reshape({B, T, nk_, dk_});
-  at::Tensor k = conv.narrow(-1, key_dim_, key_dim_).reshape({B, T, nk_, dk_});
-  at::Tensor v = conv.narrow(-1, 2 * key_dim_, value_dim_).reshape({B, T, nv_, dv_});
+  conv = TransposeLastTwo(conv.contiguous());  // [B, T, conv_dim]
+  // Views: the delta-rule kernels copy them into their own layout.
+  at::Tensor q = conv.narrow(-1, 0, key_dim_).view({B, T, nk_, dk_});
+  at::Tensor k = conv.narrow(-1, key_dim_, key_dim_).view({B, T, nk_, dk_});
+  at::Tensor v = conv.narrow(-1, 2 * key_dim_, value_dim_).view({B, T, nv_, dv_});
 
   at::Tensor beta = at::sigmoid(b);  // write strength, compute dtype
   // Log decay in fp32: g = −exp(A_log) · softplus(a + dt_bias)  (dt_bias promoted to fp32).

@@ -155,6 +155,7 @@ absl::Status Run(int argc, char** argv) {
     }
     at::set_num_threads(n);
   }
+  KeepFreedMemoryForReuse();
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(f.count("dtype") ? f.at("dtype") : "float32"));
   if (f.count("device-map")) load.device_map = f.at("device-map");

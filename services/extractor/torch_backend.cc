@@ -147,6 +147,7 @@ class TorchBackend : public ExtractorBackend {
 
 absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const BackendOptions& options) {
   if (options.threads > 0) at::set_num_threads(options.threads);
+  KeepFreedMemoryForReuse();
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(options.dtype));
   load.device_map = options.device_map;
