@@ -126,9 +126,16 @@ absl::Status ParseRope(const Keys& top, const json& root, ModelConfig& c, double
     SW_RETURN_IF_ERROR(num("factor", c.rope.factor));
     SW_RETURN_IF_ERROR(num("low_freq_factor", c.rope.low_freq_factor));
     SW_RETURN_IF_ERROR(num("high_freq_factor", c.rope.high_freq_factor));
-    double omax = static_cast<double>(c.rope.original_max_position_embeddings);
-    SW_RETURN_IF_ERROR(num("original_max_position_embeddings", omax));
-    c.rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    if (r.Has("original_max_position_embeddings")) {
+      double omax = 0;
+      SW_RETURN_IF_ERROR(num("original_max_position_embeddings", omax));
+      // Checked before the conversion: a double outside int64's range does not convert.
+      if (!(omax >= 1 && omax <= 9007199254740992.0)) {
+        return top.Error(dict_key, absl::StrCat("original_max_position_embeddings ", omax,
+                                                " is not a positive integer"));
+      }
+      c.rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    }
     if (r.Has("mrope_section")) {
       const json& ms = dict->at("mrope_section");
       if (!ms.is_array()) return top.Error(dict_key, "mrope_section must be an array");
@@ -142,6 +149,17 @@ absl::Status ParseRope(const Keys& top, const json& root, ModelConfig& c, double
     return top.Error(dict_key ? dict_key : "rope_parameters",
                      absl::StrCat("has rope_type \"", c.rope.type,
                                   "\", which is not supported (default, linear, llama3)"));
+  }
+  // Parameters the type does not use keep their defaults, so that equal ropes compare equal and
+  // ModelConfigToJson, which writes only the used ones, round-trips.
+  if (c.rope.type == "default") c.rope.factor = RopeConfig().factor;
+  if (c.rope.type != "llama3") {
+    c.rope.low_freq_factor = RopeConfig().low_freq_factor;
+    c.rope.high_freq_factor = RopeConfig().high_freq_factor;
+    c.rope.original_max_position_embeddings = c.max_position_embeddings;
+  }
+  if (c.rope.type == "linear" && !(c.rope.factor > 0)) {
+    return top.Error(dict_key, "linear rope needs factor > 0");
   }
   if (c.rope.type == "llama3" &&
       !(c.rope.factor > 0 && c.rope.low_freq_factor > 0 &&
@@ -218,6 +236,10 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
   SW_ASSIGN_OR_RETURN(c.max_position_embeddings,
                       k.Int("max_position_embeddings",
                             c.family == ModelFamily::kLlama ? 2048 : 32768));
+  if (c.max_position_embeddings <= 0) {
+    return k.Error("max_position_embeddings",
+                   absl::StrCat("must be positive, got ", c.max_position_embeddings));
+  }
   SW_ASSIGN_OR_RETURN(std::string act, k.String("hidden_act", "silu"));
   if (act != "silu") {
     return k.Error("hidden_act", absl::StrCat("is \"", act, "\"; only \"silu\" is supported"));

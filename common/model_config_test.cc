@@ -162,6 +162,41 @@ TEST(ModelConfigTest, RoundTripEveryVariant) {
   }
 }
 
+// Found by fuzz/model_config_fuzz.cc: parameters a rope type does not use were kept, so the
+// written config (which has only the used ones) parsed back to a different one; and an
+// original_max_position_embeddings beyond int64 was converted regardless.
+TEST(ModelConfigTest, RopeKeepsOnlyTheParametersItsTypeUses) {
+  std::string text = kLlamaDefault;
+  text.replace(text.find(R"("rope_scaling": null)"), 20,
+               R"("rope_scaling": {"factor": 8.0, "high_freq_factor": 2.0})");
+  ModelConfig c = MustParse(text);
+  RopeConfig plain;
+  plain.original_max_position_embeddings = 4096;
+  EXPECT_EQ(c.rope, plain);
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, c);
+
+  std::string huge = kLlama3Rope;
+  huge.replace(huge.find(R"("original_max_position_embeddings": 8192)"), 41,
+               R"("original_max_position_embeddings": 1e300)");
+  EXPECT_EQ(ParseModelConfig(huge).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, NonPositiveMaxPositionEmbeddingsNamed) {
+  for (const char* bad : {"0", "-4096"}) {
+    std::string text = kLlamaDefault;
+    const std::string key = R"("max_position_embeddings": )";
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = text.find_first_of(",\n}", at + key.size());
+    text.replace(at + key.size(), end - at - key.size(), bad);
+    absl::Status s = ParseModelConfig(text).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(s.message(), "max_position_embeddings")) << s;
+  }
+}
+
 TEST(ModelConfigTest, RoundTripHandBuiltConfig) {
   // Not every struct a caller builds came from a parse: a hand-built config with a mixed
   // full / sliding layer schedule must survive too.

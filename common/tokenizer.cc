@@ -930,6 +930,14 @@ absl::Status Tokenizer::Impl::ParseModel(const json& j, const std::string& path)
       return TypeError(Sub(Sub(path, "vocab"), token), "an id in [0, 2^31)", id);
     }
     const auto value = static_cast<int32_t>(id.get<uint64_t>());
+    // The id -> token table is dense; one stray huge id would make it gigabytes. Every HF file
+    // numbers its vocabulary densely, so an id far beyond the vocabulary's size is refused.
+    if (static_cast<uint64_t>(value) >= 4 * vocab->size() + 65536) {
+      return TypeError(Sub(Sub(path, "vocab"), token),
+                       absl::StrCat("an id below ", 4 * vocab->size() + 65536,
+                                    " (ids must be about as dense as the vocabulary)"),
+                       id);
+    }
     model.vocab[token] = value;
     max_id = std::max(max_id, value);
   }

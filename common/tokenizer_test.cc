@@ -371,6 +371,17 @@ TEST(TokenizerErrorsTest, InvalidUtf8Input) {
   EXPECT_FALSE(t->Encode("\xED\xA0\x80").ok());  // a UTF-8 encoded surrogate
 }
 
+// Found by fuzz/tokenizer_json_fuzz.cc: one vocabulary id near 2^31 made the dense id table
+// tens of gigabytes; such an id is refused by name instead.
+TEST(TokenizerErrorsTest, VocabularyIdFarBeyondTheVocabulary) {
+  json doc = TinyTokenizer();
+  doc["model"]["vocab"]["abc"] = 2000000000;
+  auto t = Tokenizer::FromJson(doc.dump());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("/model/vocab/abc"));
+}
+
 TEST(TokenizerErrorsTest, DecodeNamesTheBadIndex) {
   auto t = Load(TinyTokenizer());
   ASSERT_NE(t, nullptr);

@@ -79,14 +79,25 @@ std::vector<ChunkSpan> PlanChunks(std::span<const std::byte> matrix, int64_t row
 
 StateAssembler::StateAssembler(int64_t rows, int64_t hidden, DType dtype)
     : rows_(rows), hidden_(hidden), dtype_(dtype) {
-  bytes_.resize(static_cast<size_t>(rows) * hidden * DTypeSize(dtype));
+  size_t n = 0;
+  if (rows < 0 || hidden < 0 ||
+      __builtin_mul_overflow(static_cast<size_t>(rows), static_cast<size_t>(hidden), &n) ||
+      __builtin_mul_overflow(n, DTypeSize(dtype), &n) || n > bytes_.max_size()) {
+    geometry_ = absl::InvalidArgumentError(
+        absl::StrCat("sequence_length ", rows, " × hidden_size ", hidden, " of ", DTypeName(dtype),
+                     " is not a state this process can hold"));
+    return;
+  }
+  bytes_.resize(n);
 }
 
 absl::Status StateAssembler::Add(int64_t row_start, int64_t row_count, int64_t hidden,
                                  DType dtype, std::span<const std::byte> data, uint32_t crc32c) {
+  if (!geometry_.ok()) return geometry_;
   if (Crc32c(data) != crc32c) {
-    return absl::DataLossError(absl::StrCat("chunk rows [", row_start, ", ", row_start + row_count,
-                                            "): crc32c mismatch"));
+    // No row_start + row_count here: both are unchecked yet, and the sum may overflow.
+    return absl::DataLossError(absl::StrCat("chunk of ", row_count, " rows at ", row_start,
+                                            ": crc32c mismatch"));
   }
   if (hidden != hidden_) {
     return absl::InvalidArgumentError(
@@ -100,7 +111,8 @@ absl::Status StateAssembler::Add(int64_t row_start, int64_t row_count, int64_t h
     return absl::InvalidArgumentError(absl::StrCat("token_start ", row_start, " but rows up to ",
                                                    next_row_, " were received"));
   }
-  if (row_count <= 0 || row_start + row_count > rows_) {
+  // row_start == next_row_ <= rows_ here, so the subtraction cannot overflow (a sum could).
+  if (row_count <= 0 || row_count > rows_ - row_start) {
     return absl::InvalidArgumentError(absl::StrCat("token_count ", row_count, " at ", row_start,
                                                    " runs past sequence_length ", rows_));
   }
@@ -109,7 +121,8 @@ absl::Status StateAssembler::Add(int64_t row_start, int64_t row_count, int64_t h
     return absl::InvalidArgumentError(absl::StrCat("data holds ", data.size(), " bytes, expected ",
                                                    row_bytes * row_count));
   }
-  std::memcpy(bytes_.data() + row_start * row_bytes, data.data(), data.size());
+  // A state of hidden size 0 has no buffer (data() may be null, which memcpy must not get).
+  if (!data.empty()) std::memcpy(bytes_.data() + row_start * row_bytes, data.data(), data.size());
   next_row_ += row_count;
   return absl::OkStatus();
 }

@@ -39,10 +39,13 @@ std::vector<ChunkSpan> PlanChunks(std::span<const std::byte> matrix, int64_t row
 // for a crc mismatch, INVALID_ARGUMENT for anything inconsistent (message names the field).
 class StateAssembler {
  public:
+  // The geometry usually comes off the wire: negative sizes, or rows × hidden × dtype size that
+  // overflow or exceed what a vector can hold, allocate nothing and make every Add fail with
+  // INVALID_ARGUMENT.
   StateAssembler(int64_t rows, int64_t hidden, DType dtype);
   absl::Status Add(int64_t row_start, int64_t row_count, int64_t hidden, DType dtype,
                    std::span<const std::byte> data, uint32_t crc32c);
-  bool complete() const { return next_row_ == rows_; }
+  bool complete() const { return geometry_.ok() && next_row_ == rows_; }
   int64_t rows() const { return rows_; }
   int64_t hidden() const { return hidden_; }
   DType dtype() const { return dtype_; }
@@ -54,6 +57,7 @@ class StateAssembler {
   int64_t rows_, hidden_;
   DType dtype_;
   int64_t next_row_ = 0;
+  absl::Status geometry_;  // why the state cannot be held; OK when it can
   std::vector<std::byte> bytes_;
 };
 

@@ -108,5 +108,33 @@ TEST_F(AssemblerTest, RejectsCorruptionAndInconsistency) {
   }
 }
 
+// Geometry off the wire that no buffer can hold (found by fuzz/wire_fuzz.cc): refused by Add,
+// nothing allocated, and no signed overflow in the row checks.
+TEST(StateAssembler, RefusesImpossibleGeometry) {
+  const std::string row(8, 'x');
+  for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{-1, 4}, {4, -1},
+                              {int64_t{1} << 40, int64_t{1} << 40}, {INT64_MAX, 2}}) {
+    StateAssembler a(rows, hidden, DType::kF32);
+    auto s = a.Add(0, 1, hidden, DType::kF32, Bytes(row), Crc32c(Bytes(row)));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rows << " x " << hidden;
+    EXPECT_NE(std::string(s.message()).find("sequence_length"), std::string::npos);
+    EXPECT_FALSE(a.complete());
+  }
+  StateAssembler a(2, 2, DType::kF32);
+  auto s = a.Add(0, INT64_MAX, 2, DType::kF32, Bytes(row), Crc32c(Bytes(row)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  s = a.Add(INT64_MAX, INT64_MAX, 2, DType::kF32, Bytes(row), Crc32c(Bytes(row)) ^ 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+}
+
+// Hidden size 0: rows without bytes (no buffer, so no memcpy from or to a null pointer).
+TEST(StateAssembler, ZeroHiddenSize) {
+  StateAssembler a(3, 0, DType::kBF16);
+  EXPECT_TRUE(a.Add(0, 2, 0, DType::kBF16, {}, Crc32c({})).ok());
+  EXPECT_TRUE(a.Add(2, 1, 0, DType::kBF16, {}, Crc32c({})).ok());
+  EXPECT_TRUE(a.complete());
+  EXPECT_TRUE(a.bytes().empty());
+}
+
 }  // namespace
 }  // namespace specwire
