@@ -1,0 +1,125 @@
+#include "services/scorer/training_metrics.h"
+
+#include <algorithm>
+
+namespace specwire {
+
+TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry)
+    : registry_(std::move(registry)),
+      tau_(prometheus::BuildGauge()
+               .Name("specwire_checkpoint_tau")
+               .Help("Mean acceptance length τ of a drafter checkpoint on an eval set "
+                     "(kind: mean_of_means = dflash's τ, pooled = tokens / steps).")
+               .Register(*registry_)),
+      ddtree_tau_(prometheus::BuildGauge()
+                      .Name("specwire_checkpoint_ddtree_tau")
+                      .Help("DDTree-N τ (mean of means) of a drafter checkpoint.")
+                      .Register(*registry_)),
+      acceptance_(prometheus::BuildGauge()
+                      .Name("specwire_checkpoint_acceptance")
+                      .Help("Conditional acceptance at draft position k (1..B-1) of a "
+                            "checkpoint.")
+                      .Register(*registry_)),
+      failed_(prometheus::BuildGauge()
+                  .Name("specwire_checkpoint_failed")
+                  .Help("1 when a checkpoint could not be scored (the error is in the results "
+                        "database).")
+                  .Register(*registry_)),
+      latest_step_(prometheus::BuildGauge()
+                       .Name("specwire_checkpoint_latest_step")
+                       .Help("Highest training step of a run scored successfully.")
+                       .Register(*registry_)),
+      latest_tau_(prometheus::BuildGauge()
+                      .Name("specwire_checkpoint_latest_tau")
+                      .Help("τ (kind as specwire_checkpoint_tau) at the latest step of a run.")
+                      .Register(*registry_)),
+      previous_tau_(prometheus::BuildGauge()
+                        .Name("specwire_checkpoint_previous_tau")
+                        .Help("τ at the step before the latest one of a run.")
+                        .Register(*registry_)),
+      latest_ddtree_tau_(prometheus::BuildGauge()
+                             .Name("specwire_checkpoint_latest_ddtree_tau")
+                             .Help("DDTree-N τ at the latest step of a run.")
+                             .Register(*registry_)),
+      latest_acceptance_(prometheus::BuildGauge()
+                             .Name("specwire_checkpoint_latest_acceptance")
+                             .Help("Conditional per-position acceptance at the latest step of "
+                                   "a run.")
+                             .Register(*registry_)),
+      evaluations_(prometheus::BuildCounter()
+                       .Name("specwire_checkpoint_evaluations_total")
+                       .Help("Checkpoint scorings done by this process (one per checkpoint and "
+                             "eval set), by outcome.")
+                       .Register(*registry_)),
+      polls_(prometheus::BuildCounter()
+                 .Name("specwire_watch_polls_total")
+                 .Help("Scans of the watched checkpoint directory.")
+                 .Register(*registry_)
+                 .Add({})) {}
+
+void TrainingMetrics::WatchPolled() { polls_.Increment(); }
+
+void TrainingMetrics::Record(const CheckpointResult& r, bool fresh) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fresh)
+    evaluations_.Add({{"run", r.run}, {"dataset", r.dataset}, {"status", r.status}}).Increment();
+  const std::string step = std::to_string(r.step);
+  const std::map<std::string, std::string> key = {
+      {"run", r.run}, {"step", step}, {"dataset", r.dataset}};
+  if (r.status != "ok") {
+    failed_.Add(key).Set(1);
+    return;
+  }
+  if (failed_.Has(key)) failed_.Remove(&failed_.Add(key));
+  auto with = [&](const char* name, const std::string& value) {
+    auto labels = key;
+    labels[name] = value;
+    return labels;
+  };
+  tau_.Add(with("kind", "mean_of_means")).Set(r.summary.tau_mean_of_means);
+  tau_.Add(with("kind", "pooled")).Set(r.summary.tau_pooled);
+  for (const auto& [budget, tau] : r.summary.ddtree_tau) {
+    ddtree_tau_.Add(with("budget", std::to_string(budget))).Set(tau.first);
+  }
+  for (size_t k = 0; k < r.summary.per_position_acceptance.size(); ++k) {
+    acceptance_.Add(with("position", std::to_string(k + 1)))
+        .Set(r.summary.per_position_acceptance[k]);
+  }
+  ok_[{r.run, r.dataset}][r.step] = r.summary;
+  UpdateLatest(r.run, r.dataset);
+}
+
+void TrainingMetrics::UpdateLatest(const std::string& run, const std::string& dataset) {
+  const auto& steps = ok_[{run, dataset}];
+  if (steps.empty()) return;
+  int64_t latest_step = 0;
+  for (const auto& [key, by_step] : ok_) {
+    if (key.first == run && !by_step.empty()) {
+      latest_step = std::max(latest_step, by_step.rbegin()->first);
+    }
+  }
+  latest_step_.Add({{"run", run}}).Set(static_cast<double>(latest_step));
+  const std::map<std::string, std::string> key = {{"run", run}, {"dataset", dataset}};
+  auto with = [&](const char* name, const std::string& value) {
+    auto labels = key;
+    labels[name] = value;
+    return labels;
+  };
+  const AcceptanceSummary& latest = steps.rbegin()->second;
+  latest_tau_.Add(with("kind", "mean_of_means")).Set(latest.tau_mean_of_means);
+  latest_tau_.Add(with("kind", "pooled")).Set(latest.tau_pooled);
+  for (const auto& [budget, tau] : latest.ddtree_tau) {
+    latest_ddtree_tau_.Add(with("budget", std::to_string(budget))).Set(tau.first);
+  }
+  for (size_t k = 0; k < latest.per_position_acceptance.size(); ++k) {
+    latest_acceptance_.Add(with("position", std::to_string(k + 1)))
+        .Set(latest.per_position_acceptance[k]);
+  }
+  if (steps.size() >= 2) {
+    const AcceptanceSummary& previous = std::next(steps.rbegin())->second;
+    previous_tau_.Add(with("kind", "mean_of_means")).Set(previous.tau_mean_of_means);
+    previous_tau_.Add(with("kind", "pooled")).Set(previous.tau_pooled);
+  }
+}
+
+}  // namespace specwire

@@ -1,0 +1,61 @@
+// Prometheus gauges of continuous evaluation: acceptance per drafter checkpoint, labelled by run,
+// training step and eval set, re-exported from the results database at start-up so a restarted
+// scorer serves the whole history again (deploy/grafana/dashboards/specwire-training.json).
+//
+//   specwire_checkpoint_tau{run, step, dataset, kind="mean_of_means"|"pooled"}
+//   specwire_checkpoint_ddtree_tau{run, step, dataset, budget}                  (mean of means)
+//   specwire_checkpoint_acceptance{run, step, dataset, position}     conditional, 1..B-1
+//   specwire_checkpoint_failed{run, step, dataset}                   1 for a failed checkpoint
+//   specwire_checkpoint_latest_step{run}                             highest step scored ok
+//   specwire_checkpoint_latest_tau{run, dataset}                     τ at that step, and at the
+//   specwire_checkpoint_previous_tau{run, dataset}                   step before it (the alert)
+//   specwire_checkpoint_latest_ddtree_tau{run, dataset, budget}
+//   specwire_checkpoint_latest_acceptance{run, dataset, position}
+//   specwire_checkpoint_evaluations_total{run, dataset, status}      scorings by this process
+//   specwire_watch_polls_total                                       watch-directory scans
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "services/scorer/results_db.h"
+
+namespace specwire {
+
+class TrainingMetrics {
+ public:
+  explicit TrainingMetrics(std::shared_ptr<prometheus::Registry> registry);
+
+  // A row from the database (start-up) or just recorded; `fresh`: scored by this process.
+  void Record(const CheckpointResult& r, bool fresh);
+  void WatchPolled();
+
+ private:
+  void UpdateLatest(const std::string& run, const std::string& dataset);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& tau_;
+  prometheus::Family<prometheus::Gauge>& ddtree_tau_;
+  prometheus::Family<prometheus::Gauge>& acceptance_;
+  prometheus::Family<prometheus::Gauge>& failed_;
+  prometheus::Family<prometheus::Gauge>& latest_step_;
+  prometheus::Family<prometheus::Gauge>& latest_tau_;
+  prometheus::Family<prometheus::Gauge>& previous_tau_;
+  prometheus::Family<prometheus::Gauge>& latest_ddtree_tau_;
+  prometheus::Family<prometheus::Gauge>& latest_acceptance_;
+  prometheus::Family<prometheus::Counter>& evaluations_;
+  prometheus::Counter& polls_;
+  std::mutex mu_;
+  // (run, dataset) → step → summary of the ok rows, for the latest / previous gauges.
+  std::map<std::pair<std::string, std::string>, std::map<int64_t, AcceptanceSummary>> ok_;
+};
+
+}  // namespace specwire
