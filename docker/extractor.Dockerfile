@@ -1,0 +1,75 @@
+# syntax=docker/dockerfile:1
+# specwire-extractor on a CUDA base: hidden states and greedy completions of a Hugging Face
+# checkpoint on one or more GPUs (or the CPU). From the repository root:
+#
+#   docker build -f docker/extractor.Dockerfile -t specwire-extractor .
+#   docker run --gpus all -v "$PWD/models:/models:ro" -p 127.0.0.1:50051:50051 \
+#     specwire-extractor --model=/models/tiny-qwen3 --device_map=cuda --listen=0.0.0.0:50051
+#
+# Stage "build" mirrors scripts/setup.sh: the same Debian/Ubuntu dev packages (Ubuntu 24.04 ships
+# the gRPC 1.51 / absl 20220623 / protobuf 3.21 of Debian 12), libtorch from the pinned torch
+# wheel (requirements.txt + constraints.txt; PyPI's Linux wheel is the CUDA build that
+# cmake/Torch.cmake consumes), and the same CMake configure, with SPECWIRE_CUDA=ON and only the
+# service binaries built. Stage "runtime" gets the binaries, the system libraries they link
+# (collected with ldd) and the wheel's torch/lib + nvidia/ libraries at the path the binaries'
+# RPATH names.
+# The wheel brings its own CUDA runtime; any CUDA 13 base with a driver that supports the wheel's
+# CUDA version works (CUDA_VERSION selects the base image).
+ARG CUDA_VERSION=13.0.0
+ARG BASE_OS=ubuntu24.04
+
+FROM nvidia/cuda:${CUDA_VERSION}-devel-${BASE_OS} AS build
+ARG DEBIAN_FRONTEND=noninteractive
+# scripts/setup.sh's APT_PACKAGES minus the test-only tools (gtest/benchmark are kept: CMake
+# looks for them when tests are on; they cost little).
+# Distribution packages are left to the base image's release (hadolint DL3008).
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      build-essential cmake ninja-build ccache pkg-config git ca-certificates \
+      python3 python3-venv python3-dev \
+      libabsl-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      prometheus-cpp-dev libpcre2-dev libutf8proc-dev libsqlite3-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+# libtorch: the torch wheel installed into /opt/torch (its torch/ and nvidia/ folders side by
+# side, as in site-packages, so torch's own RPATH to ../../nvidia/* holds).
+COPY requirements.txt constraints.txt /src/
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --target /opt/torch -c /src/constraints.txt \
+         "$(grep -E '^torch==' /src/requirements.txt)" \
+    && test -f /opt/torch/torch/include/ATen/ATen.h && test -f /opt/torch/torch/lib/libtorch_cuda.so
+
+COPY . /src
+WORKDIR /src
+RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECWIRE_TESTS=OFF \
+      -DSPECWIRE_CUDA=ON -DSPECWIRE_TORCH_DIR=/opt/torch/torch \
+      -DPython3_EXECUTABLE=/opt/venv/bin/python \
+    && cmake --build /build --target specwire-extractor specwire-extract specwire-cli \
+    && mkdir -p /opt/specwire/bin /opt/specwire/lib \
+    && cp /build/services/extractor/specwire-extractor /build/services/extractor/specwire-extract \
+          /build/clients/cli/specwire-cli /opt/specwire/bin/ \
+    && sh docker/collect-libs.sh /opt/specwire/lib --skip /opt/torch /opt/specwire/bin/*
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-${BASE_OS} AS runtime
+COPY --from=build /opt/torch/torch/lib /opt/torch/torch/lib
+COPY --from=build /opt/torch/nvidia /opt/torch/nvidia
+COPY --from=build /opt/specwire /opt/specwire
+RUN echo /opt/specwire/lib > /etc/ld.so.conf.d/specwire.conf && ldconfig \
+    && groupadd --system --gid 10001 specwire \
+    && useradd --system --uid 10001 --gid specwire --home-dir /home/specwire --create-home \
+         --shell /usr/sbin/nologin specwire \
+    && mkdir -p /models \
+    && ldd /opt/specwire/bin/* > /tmp/ldd.txt && ! grep "not found" /tmp/ldd.txt && rm /tmp/ldd.txt
+ENV PATH=/opt/specwire/bin:${PATH}
+USER 10001:10001
+WORKDIR /home/specwire
+# Checkpoints are mounted here (read-only is enough).
+VOLUME ["/models"]
+# gRPC, Prometheus metrics.
+EXPOSE 50051 9464
+HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
+  CMD ["specwire-cli", "health", "--target", "127.0.0.1:50051", "--service", "specwire.v1.Extractor", "--timeout", "4"]
+ENTRYPOINT ["specwire-extractor"]
+CMD ["--model=/models/tiny-qwen3", "--dtype=bfloat16", "--device_map=cuda", \
+     "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
