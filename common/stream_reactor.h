@@ -36,9 +36,17 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
   using CancelHook = std::function<void(bool deadline)>;
   // Called from OnDone with the final status code name ("OK", "CANCELLED", ...) and duration.
   using DoneHook = std::function<void(const std::string& code, double seconds)>;
+  // Called once when the final status is handed to gRPC (before the client can see it), or at
+  // OnDone if that comes first. A resource the client may reuse for its next call (a stream
+  // slot) is released here: OnDone can run after the client already has its status.
+  using FinishHook = std::function<void()>;
 
-  StreamReactor(std::chrono::steady_clock::time_point deadline, DoneHook on_done)
-      : deadline_(deadline), on_done_(std::move(on_done)), start_(std::chrono::steady_clock::now()) {}
+  StreamReactor(std::chrono::steady_clock::time_point deadline, DoneHook on_done,
+                FinishHook on_finish = nullptr)
+      : deadline_(deadline),
+        on_done_(std::move(on_done)),
+        on_finish_(std::move(on_finish)),
+        start_(std::chrono::steady_clock::now()) {}
 
   // Writes wait until Resume(): a first message can be queued before the work is submitted, so
   // it is always first, while a submission error still arrives as a plain status.
@@ -138,6 +146,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
       } else {
         code = GrpcCodeName(c);
       }
+      RunFinishHookLocked();
     }
     if (on_done_) on_done_(code, seconds);
     Release();
@@ -185,11 +194,18 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
   void FinishLocked() {
     if (finished_) return;
     finished_ = true;
+    RunFinishHookLocked();
     this->Finish(status_);
+  }
+  void RunFinishHookLocked() {
+    FinishHook hook = std::move(on_finish_);
+    on_finish_ = nullptr;
+    if (hook) hook();
   }
 
   std::chrono::steady_clock::time_point deadline_;
   DoneHook on_done_;
+  FinishHook on_finish_;
   std::chrono::steady_clock::time_point start_;
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
   std::recursive_mutex mu_;   // reactions may run inline from StartWrite

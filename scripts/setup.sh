@@ -19,6 +19,10 @@ APT_PACKAGES=(
   libabsl-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libpcre2-dev libutf8proc-dev
+  clang-14 libclang-rt-14-dev
+  docker-compose prometheus  # deploy tests: compose and Prometheus config checks, a live Prometheus
+  libsqlite3-dev  # the scorer's continuous-evaluation results database
+  openssl  # security tests: a CA and certificates made inside the test
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

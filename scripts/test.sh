@@ -15,5 +15,9 @@ echo "== unit tests (ctest) =="
 ctest --test-dir "$SPECWIRE_BUILD_DIR" --output-on-failure -j "$(nproc)" || status=1
 echo "== parity, service and end-to-end tests (pytest) =="
 python -m pytest tests -q -p no:cacheprovider --durations=5 || status=1
+echo "== sanitizers: ASan + UBSan build of the torch-free C++ tests (scripts/sanitize.sh) =="
+bash scripts/sanitize.sh || status=1
+echo "== fuzzing: each libFuzzer target for ${SPECWIRE_FUZZ_SECONDS:-15} s (scripts/fuzz.sh) =="
+bash scripts/fuzz.sh "${SPECWIRE_FUZZ_SECONDS:-15}" || status=1
 echo "== all tiers finished in $(( $(date +%s) - start )) s, status $status =="
 exit $status

@@ -4,6 +4,7 @@
 //   specwire-cli extract  --tokens 1,2,3[;4,5] | --tokens-file F | --text S [--text S ...]
 //                         --layers 0,3 [--embedding] [--final-norm] --out FILE.safetensors
 //   specwire-cli generate --tokens 1,2,3 | --text S  [--max-new-tokens N] [--out FILE ...]
+//   specwire-cli health   [--target H:P] [--service NAME]   (exit 0 only when SERVING)
 //
 // `extract` writes the same file as the offline `specwire-extract extract`: tensors
 // seq.{i}.layer.{k}, seq.{i}.embedding, seq.{i}.final_norm, each [T_i, hidden] in the wire dtype,
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "clients/cli/extractor_client.h"
+#include "clients/cli/health_check.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -35,10 +37,14 @@ Commands:
   extract    fetch hidden states of sequences and write them to a safetensors file
   generate   greedy completions of prompts, printed as a JSON list; with --out, also the hidden
              states of prompt + completion
+  health     grpc.health.v1 check of any specwire server (extractor or scorer): prints the
+             status; exit 0 only when SERVING (container and Kubernetes probes)
 
 Flags:
   --target H:P           extractor address                                   [127.0.0.1:50051]
   --timeout S            deadline of the call in seconds; 0: none            [300]
+  --service NAME         health: the service to check, e.g. specwire.v1.Scorer; "" is the
+                         server as a whole                                   [""]
   --tokens IDS           token ids, comma-separated; sequences separated by ';'
   --tokens-file F        JSON file with a list of token-id lists (instead of --tokens)
   --text S               a text the server tokenizes (repeat for several sequences)
@@ -54,6 +60,12 @@ Flags:
   --stop IDS             generate: extra stop token ids
   --ignore-model-eos     generate: do not stop at the model's eos_token_id
   --decode               generate: add the completion's text (server-side detokenizer)
+  --tls                  connect with TLS (implied by the three flags below)
+  --tls-ca F             PEM CA that signed the server's certificate (default: system roots)
+  --tls-client-cert F    PEM client certificate (mTLS), with --tls-client-key F
+  --tls-server-name N    name to check the server's certificate against (default: the host)
+  --auth-token-file F    bearer token sent with every call; else $SPECWIRE_AUTH_TOKEN, else
+                         the file named by $SPECWIRE_AUTH_TOKEN_FILE
 
 Errors print the gRPC status code and message; the exit status is 1 (2 for bad flags).
 )";
@@ -63,10 +75,12 @@ using Flags = std::map<std::string, std::vector<std::string>>;
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
   static const char* kBool[] = {"embedding",        "final-norm", "add-special-tokens",
-                                "ignore-model-eos", "decode",     "help"};
+                                "ignore-model-eos", "decode",     "help", "tls"};
   static const char* kValued[] = {"target", "timeout",    "tokens",         "tokens-file",
                                   "text",   "layers",     "dtype",          "max-chunk-bytes",
-                                  "out",    "request-id", "max-new-tokens", "stop"};
+                                  "out",    "request-id", "max-new-tokens", "stop",
+                                  "service", "tls-ca", "tls-client-cert", "tls-client-key",
+                                  "tls-server-name", "auth-token-file"};
   Flags flags;
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
@@ -352,7 +366,8 @@ int Main(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
-  if (command != "info" && command != "extract" && command != "generate") {
+  if (command != "info" && command != "extract" && command != "generate" &&
+      command != "health") {
     return fail(absl::InvalidArgumentError("unknown command " + command + " (see --help)"), 2);
   }
   // Every flag is checked before the first call.
@@ -372,6 +387,24 @@ int Main(int argc, char** argv) {
     return fail(absl::InvalidArgumentError("--timeout: \"" + Get(f, "timeout") +
                                            "\" is not a non-negative number of seconds"),
                 2);
+  }
+  ClientSecurityFiles security_files;
+  security_files.tls = Has(f, "tls");
+  security_files.ca_file = Get(f, "tls-ca");
+  security_files.cert_file = Get(f, "tls-client-cert");
+  security_files.key_file = Get(f, "tls-client-key");
+  security_files.server_name = Get(f, "tls-server-name");
+  security_files.token_file = Get(f, "auth-token-file");
+  security_files.dashed = true;
+  auto security = LoadClientSecurity(security_files);
+  if (!security.ok()) return fail(security.status(), 2);
+  options.security = *std::move(security);
+  if (command == "health") {
+    auto status =
+        CheckHealth(options.target, Get(f, "service"), options.timeout_seconds, options.security);
+    if (!status.ok()) return fail(status.status(), 1);
+    std::cout << ServingStatusName(*status) << "\n";
+    return *status == ServingStatus::kServing ? 0 : 1;
   }
   ExtractorClient client(options);
   absl::Status s;

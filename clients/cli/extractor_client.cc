@@ -109,6 +109,30 @@ void SetDeadline(const ExtractorClientOptions& o, grpc::ClientContext* ctx) {
   }
 }
 
+// Keeps a call's context registered with its CallCancellation (if any) while the call runs.
+class CancelRegistration {
+ public:
+  CancelRegistration(CallCancellation* cancel, grpc::ClientContext* ctx)
+      : cancel_(cancel), ctx_(ctx) {
+    if (cancel_ != nullptr && !cancel_->Register(ctx_)) {
+      cancel_ = nullptr;
+      refused_ = true;
+    }
+  }
+  ~CancelRegistration() {
+    if (cancel_ != nullptr) cancel_->Unregister(ctx_);
+  }
+  CancelRegistration(const CancelRegistration&) = delete;
+  CancelRegistration& operator=(const CancelRegistration&) = delete;
+  // The job was cancelled before this call started: do not start it.
+  bool refused() const { return refused_; }
+
+ private:
+  CallCancellation* cancel_;
+  grpc::ClientContext* ctx_;
+  bool refused_ = false;
+};
+
 // Rebuilds the states of one stream from its chunks. A state is handed to the sink the moment its
 // last row arrives, and its buffer leaves the collector with it.
 class StateCollector {
@@ -247,6 +271,31 @@ absl::Status EndStream(grpc::ClientContext* ctx, grpc::ClientReader<Response>* r
 
 }  // namespace
 
+void CallCancellation::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  // TryCancel is safe on a call that has not started yet (it is cancelled when it starts) and
+  // on one that already finished.
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+}
+
+bool CallCancellation::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+bool CallCancellation::Register(grpc::ClientContext* ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return false;
+  calls_.insert(ctx);
+  return true;
+}
+
+void CallCancellation::Unregister(grpc::ClientContext* ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_.erase(ctx);
+}
+
 std::string ReceivedState::TensorName() const {
   return absl::StrCat("seq.", sequence_index, ".", state);
 }
@@ -255,8 +304,15 @@ ExtractorClient::ExtractorClient(ExtractorClientOptions options)
     : options_(std::move(options)), rpc_(std::make_unique<Rpc>()) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
-  rpc_->channel =
-      grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+  // Only the first delay is shortened: gRPC also takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the
+  // timeout of each connection attempt, and 100 ms would fail handshakes on a loaded host.
+  if (options_.initial_reconnect_backoff_ms > 0) {
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_reconnect_backoff_ms);
+  }
+  if (options_.max_reconnect_backoff_ms > 0) {
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_reconnect_backoff_ms);
+  }
+  rpc_->channel = MakeChannel(options_.target, options_.security, args);
   rpc_->stub = v1::Extractor::NewStub(rpc_->channel);
 }
 
@@ -293,6 +349,8 @@ absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& param
 
   grpc::ClientContext ctx;
   SetDeadline(options_, &ctx);
+  CancelRegistration registration(params.cancel, &ctx);
+  if (registration.refused()) return absl::CancelledError("Extract: cancelled before it started");
   std::unique_ptr<grpc::ClientReader<v1::ExtractResponse>> reader = rpc_->stub->Extract(&ctx, req);
   ExtractReply reply;
   reply.token_ids.resize(params.sequences.size());
@@ -351,6 +409,8 @@ absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& pa
 
   grpc::ClientContext ctx;
   SetDeadline(options_, &ctx);
+  CancelRegistration registration(params.cancel, &ctx);
+  if (registration.refused()) return absl::CancelledError("Generate: cancelled before it started");
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       rpc_->stub->Generate(&ctx, req);
   GenerateReply reply;

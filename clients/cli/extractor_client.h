@@ -16,6 +16,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,17 +25,50 @@
 #include "absl/status/statusor.h"
 #include "common/contract.h"
 #include "common/safetensors.h"
+#include "common/security.h"
+
+namespace grpc {
+class ClientContext;
+}
 
 namespace specwire {
 
+// Cancels, from any thread, the streaming calls (Extract, Generate) made with it: a call in
+// flight ends at once with CANCELLED (the server frees its work), a later call fails before it
+// starts. The owner of a job keeps one per job and passes it in the params; it must outlive the
+// calls made with it.
+class CallCancellation {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+  // The client's side: a call registers its context for its lifetime. Register is false (and
+  // registers nothing) when already cancelled.
+  bool Register(grpc::ClientContext* ctx);
+  void Unregister(grpc::ClientContext* ctx);
+
+ private:
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  std::set<grpc::ClientContext*> calls_;  // not owned: the calls in flight
+};
+
 struct ExtractorClientOptions {
-  std::string target = "127.0.0.1:50051";  // host:port (plaintext)
+  std::string target = "127.0.0.1:50051";  // host:port
   // Deadline of each call, from its start to its last message; 0: none. A call to an address
   // where nothing listens fails at once (UNAVAILABLE) either way.
   double timeout_seconds = 0;
   // Largest message accepted. The server caps chunks at --max_chunk_bytes (4 MiB by default)
   // plus framing; gRPC's own default (4 MiB) would refuse a full-size chunk.
   int max_receive_message_bytes = 64 << 20;
+  // Reconnect backoff of the channel after its server went away (first delay, longest delay). gRPC's defaults (1 s growing to
+  // 120 s) would keep a channel failing long after a restarted server listens again; callers
+  // that retry (the scorer) want the channel to try again within a second.
+  int initial_reconnect_backoff_ms = 100;
+  int max_reconnect_backoff_ms = 1000;
+  // TLS / mTLS material and the bearer token (common/security.h; LoadClientSecurity reads them
+  // from files and the environment). Default: plaintext, no token.
+  ClientSecurity security;
 };
 
 // One input sequence: token ids, or text the server tokenizes with the model's tokenizer.
@@ -62,6 +97,8 @@ struct ExtractParams {
   uint32_t max_chunk_bytes = 0;     // 0: the server's default
   std::string request_id;           // echoed in the trailer and the server's logs
   bool add_special_tokens = false;  // for text inputs
+  // Optional, not owned: cancels this call from another thread.
+  CallCancellation* cancel = nullptr;
 };
 
 struct GenerateParams {
@@ -74,6 +111,8 @@ struct GenerateParams {
   uint32_t max_chunk_bytes = 0;
   std::string request_id;
   bool add_special_tokens = false;
+  // Optional, not owned: cancels this call from another thread.
+  CallCancellation* cancel = nullptr;
 };
 
 // One hidden state of one sequence, reassembled: [rows, hidden] row-major little-endian in `dtype`.

@@ -21,6 +21,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
+#include "common/security.h"
+#include "common/server_flags.h"
 #include "common/tokenizer.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
@@ -68,11 +70,16 @@ int main(int argc, char** argv) {
   // --help lists this file's flags (absl would otherwise match files by the program's name).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("extractor_main") != absl::string_view::npos;
+    return file.find("extractor_main") != absl::string_view::npos || IsSharedServerFlagsFile(file);
   };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_model).empty()) return Fail("--model is required (see --help)");
+  // Certificates and the token are read before the slow start-up work, so that a wrong path
+  // fails at once.
+  const ServerSecurityOptions security = ServerSecurityFromFlags();
+  auto credentials = MakeServerCredentials(security);
+  if (!credentials.ok()) return Fail(credentials.status().ToString());
 
   BackendOptions bo;
   bo.model_dir = absl::GetFlag(FLAGS_model);
@@ -124,7 +131,7 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.RegisterService(&service);
   // Requests are small; responses are bounded by the chunk limit plus framing.
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -138,7 +145,7 @@ int main(int argc, char** argv) {
   std::cout << "specwire-extractor: serving " << c.architecture << " (" << c.num_layers
             << " layers, " << c.compute_dtype << ", " << c.source_layout << " layout) on port "
             << port << (exposer ? absl::StrCat(", metrics on ", absl::GetFlag(FLAGS_metrics_listen)) : "")
-            << std::endl;
+            << " [" << DescribeServerSecurity(security) << "]" << std::endl;
 
   signal(SIGTERM, OnSignal);
   signal(SIGINT, OnSignal);

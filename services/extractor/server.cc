@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/stream_reactor.h"
 #include "common/status.h"
+#include "common/stream_reactor.h"
 #include "common/tokenizer.h"
 #include "common/wire.h"
 
@@ -16,18 +16,24 @@ namespace {
 
 v1::WireDType ToProtoDType(DType d) {
   switch (d) {
-    case DType::kBF16: return v1::WIRE_DTYPE_BF16;
-    case DType::kF32: return v1::WIRE_DTYPE_F32;
-    case DType::kF16: return v1::WIRE_DTYPE_F16;
+    case DType::kBF16:
+      return v1::WIRE_DTYPE_BF16;
+    case DType::kF32:
+      return v1::WIRE_DTYPE_F32;
+    case DType::kF16:
+      return v1::WIRE_DTYPE_F16;
   }
   return v1::WIRE_DTYPE_UNSPECIFIED;
 }
 
 v1::Tap ToProtoTap(StateTap t) {
   switch (t) {
-    case StateTap::kEmbedding: return v1::TAP_EMBEDDING;
-    case StateTap::kFinalNorm: return v1::TAP_FINAL_NORM;
-    case StateTap::kLayerOutput: return v1::TAP_LAYER_OUTPUT;
+    case StateTap::kEmbedding:
+      return v1::TAP_EMBEDDING;
+    case StateTap::kFinalNorm:
+      return v1::TAP_FINAL_NORM;
+    case StateTap::kLayerOutput:
+      return v1::TAP_LAYER_OUTPUT;
   }
   return v1::TAP_LAYER_OUTPUT;
 }
@@ -61,7 +67,8 @@ class ChunkProducer {
       if (static_cast<int64_t>(s.sequence_index) != last_sequence_) {
         last_sequence_ = s.sequence_index;
         info->set_sequence_index(s.sequence_index);
-        for (int64_t id : token_ids_[s.sequence_index]) info->add_token_ids(static_cast<int32_t>(id));
+        for (int64_t id : token_ids_[s.sequence_index])
+          info->add_token_ids(static_cast<int32_t>(id));
         *is_info = true;
         return true;
       }
@@ -149,12 +156,17 @@ void ExtractorService::ContractToProto(const ExtractionContract& c, v1::Extracti
   out->set_specwire_version(c.specwire_version);
 }
 
-std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method,
-                                                                         bool holds_slot) {
-  return [this, method, holds_slot](const std::string& code, double seconds) {
+std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method) {
+  return [this, method](const std::string& code, double seconds) {
     metrics_->RequestDone(method, code, seconds);
-    if (holds_slot) CloseStream();
   };
+}
+
+// The slot is given back when the final status is handed to gRPC, not at OnDone: the client may
+// already hold that status and open its next stream before OnDone runs.
+std::function<void()> ExtractorService::SlotRelease(bool holds_slot) {
+  if (!holds_slot) return nullptr;
+  return [this] { CloseStream(); };
 }
 
 bool ExtractorService::TryOpenStream() {
@@ -176,10 +188,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInput
     const char* field) const {
   if (inputs.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": no sequence given"));
   if (inputs.size() > limits_.max_sequences_per_request) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", inputs.size(),
-                                                   " sequences exceed the limit of ",
-                                                   limits_.max_sequences_per_request,
-                                                   " (--max_sequences_per_request)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", inputs.size(), " sequences exceed the limit of ",
+                     limits_.max_sequences_per_request, " (--max_sequences_per_request)"));
   }
   const int64_t vocab = backend_->vocab_size();
   std::vector<std::vector<int64_t>> out;
@@ -199,9 +210,10 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInput
       }
     } else if (in.input_case() == v1::SequenceInput::kText) {
       if (tokenizer_ == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            field, "[", i, "].text: this extractor has no tokenizer (no tokenizer.json); send "
-            "token ids"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(field, "[", i,
+                         "].text: this extractor has no tokenizer (no tokenizer.json); send "
+                         "token ids"));
       }
       std::lock_guard<std::mutex> lock(tokenizer_mu_);
       auto enc = tokenizer_->Encode(in.text(), add_special);
@@ -213,23 +225,23 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInput
     }
     if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: empty"));
     if (static_cast<int64_t>(ids.size()) > limits_.max_tokens_per_sequence) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", i, "]: ", ids.size(), " tokens exceed the limit of ",
-          limits_.max_tokens_per_sequence, " (--max_tokens_per_sequence)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: ", ids.size(), " tokens exceed the limit of ",
+                       limits_.max_tokens_per_sequence, " (--max_tokens_per_sequence)"));
     }
     total += static_cast<int64_t>(ids.size());
     out.push_back(std::move(ids));
   }
   if (total > limits_.max_tokens_per_request) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", total,
-                                                   " tokens in all exceed the limit of ",
-                                                   limits_.max_tokens_per_request,
-                                                   " (--max_tokens_per_request)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", total, " tokens in all exceed the limit of ",
+                     limits_.max_tokens_per_request, " (--max_tokens_per_request)"));
   }
   return out;
 }
 
-absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(const v1::LayerSelection& s) const {
+absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(
+    const v1::LayerSelection& s) const {
   StateSelection sel;
   const int64_t L = backend_->num_layers();
   for (int i = 0; i < s.layer_ids_size(); ++i) {
@@ -238,7 +250,8 @@ absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(const v1::Laye
       return absl::InvalidArgumentError(absl::StrCat(
           "layers.layer_ids[", i, "] = ", id, " is outside [0, ", L,
           "): layer k is the output of decoder layer k (HF hidden_states[k+1]); use final_norm "
-          "for HF hidden_states[", L, "] and embedding for hidden_states[0]"));
+          "for HF hidden_states[",
+          L, "] and embedding for hidden_states[0]"));
     }
     if (std::find(sel.layer_ids.begin(), sel.layer_ids.end(), id) == sel.layer_ids.end()) {
       sel.layer_ids.push_back(id);
@@ -252,17 +265,62 @@ absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(const v1::Laye
 absl::StatusOr<DType> ExtractorService::ResolveDType(v1::WireDType d, const char* field) const {
   switch (d) {
     case v1::WIRE_DTYPE_UNSPECIFIED:
-    case v1::WIRE_DTYPE_BF16: return DType::kBF16;
-    case v1::WIRE_DTYPE_F32: return DType::kF32;
+    case v1::WIRE_DTYPE_BF16:
+      return DType::kBF16;
+    case v1::WIRE_DTYPE_F32:
+      return DType::kF32;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", static_cast<int>(d), " is not a hidden-state dtype (BF16 or F32)"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", static_cast<int>(d),
+                                                     " is not a hidden-state dtype (BF16 or F32)"));
   }
 }
 
 absl::StatusOr<int64_t> ExtractorService::ResolveChunkBytes(uint32_t requested) const {
   if (requested == 0) return limits_.default_chunk_bytes;
   return std::min<int64_t>(requested, limits_.max_chunk_bytes);
+}
+
+absl::StatusOr<ExtractWork> ExtractorService::ValidateExtract(
+    const v1::ExtractRequest& request) const {
+  ExtractWork work;
+  SW_ASSIGN_OR_RETURN(work.sequences, ResolveInputs(request.sequences(),
+                                                    request.add_special_tokens(), "sequences"));
+  SW_ASSIGN_OR_RETURN(work.selection, ResolveSelection(request.layers()));
+  if (work.selection.empty()) {
+    return absl::InvalidArgumentError(
+        "layers: nothing requested (give layer_ids, embedding or final_norm)");
+  }
+  SW_ASSIGN_OR_RETURN(work.wire_dtype, ResolveDType(request.dtype(), "dtype"));
+  return work;
+}
+
+absl::StatusOr<GenerateWork> ExtractorService::ValidateGenerate(
+    const v1::GenerateRequest& request) const {
+  GenerateWork work;
+  SW_ASSIGN_OR_RETURN(work.prompts,
+                      ResolveInputs(request.prompts(), request.add_special_tokens(), "prompts"));
+  if (request.max_new_tokens() == 0) {
+    return absl::InvalidArgumentError("max_new_tokens: must be at least 1");
+  }
+  if (request.max_new_tokens() > limits_.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", request.max_new_tokens(),
+                                                   " exceeds the limit of ", limits_.max_new_tokens,
+                                                   " (--max_new_tokens)"));
+  }
+  work.max_new_tokens = request.max_new_tokens();
+  for (int i = 0; i < request.stop_token_ids_size(); ++i) {
+    const int64_t id = request.stop_token_ids(i);
+    if (id < 0 || id >= backend_->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", id,
+                                                     " is outside the vocabulary [0, ",
+                                                     backend_->vocab_size(), ")"));
+    }
+    work.stop_token_ids.push_back(id);
+  }
+  work.use_model_eos = !request.ignore_model_eos();
+  SW_ASSIGN_OR_RETURN(work.selection, ResolveSelection(request.layers()));
+  SW_ASSIGN_OR_RETURN(work.wire_dtype, ResolveDType(request.dtype(), "dtype"));
+  return work;
 }
 
 grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerContext* ctx,
@@ -278,31 +336,22 @@ grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerCon
 grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
     grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::ExtractResponse>(SteadyDeadline(ctx), DoneHook("Extract", slot));
+  auto* r = new StreamReactor<v1::ExtractResponse>(SteadyDeadline(ctx), DoneHook("Extract"),
+                                                   SlotRelease(slot));
   if (!slot) {
-    r->Fail(absl::ResourceExhaustedError(absl::StrCat(
-        "too many concurrent streams (", limits_.max_concurrent_streams,
-        ", --max_concurrent_streams); retry later")));
+    r->Fail(absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
+                                                      limits_.max_concurrent_streams,
+                                                      ", --max_concurrent_streams); retry later")));
     return r;
   }
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kExtract;
-  absl::Status valid = [&]() -> absl::Status {
-    SW_ASSIGN_OR_RETURN(job->extract.sequences,
-                        ResolveInputs(request->sequences(), request->add_special_tokens(),
-                                      "sequences"));
-    SW_ASSIGN_OR_RETURN(job->extract.selection, ResolveSelection(request->layers()));
-    if (job->extract.selection.empty()) {
-      return absl::InvalidArgumentError(
-          "layers: nothing requested (give layer_ids, embedding or final_norm)");
-    }
-    SW_ASSIGN_OR_RETURN(job->extract.wire_dtype, ResolveDType(request->dtype(), "dtype"));
-    return absl::OkStatus();
-  }();
+  absl::StatusOr<ExtractWork> valid = ValidateExtract(*request);
   if (!valid.ok()) {
-    r->Fail(valid);
+    r->Fail(valid.status());
     return r;
   }
+  job->extract = *std::move(valid);
   const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
   v1::ExtractionContract contract;
   ContractToProto(backend_->contract(), &contract);
@@ -342,8 +391,8 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
       }
       return true;
     });
-    r->Send([producer, request_id, n_seq, tokens, timing, sent = false](
-                v1::ExtractResponse* m) mutable {
+    r->Send([producer, request_id, n_seq, tokens, timing,
+             sent = false](v1::ExtractResponse* m) mutable {
       if (sent) return false;
       auto* t = m->mutable_trailer();
       t->set_request_id(request_id);
@@ -380,46 +429,22 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
 grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::GenerateResponse>(SteadyDeadline(ctx), DoneHook("Generate", slot));
+  auto* r = new StreamReactor<v1::GenerateResponse>(SteadyDeadline(ctx), DoneHook("Generate"),
+                                                    SlotRelease(slot));
   if (!slot) {
-    r->Fail(absl::ResourceExhaustedError(absl::StrCat(
-        "too many concurrent streams (", limits_.max_concurrent_streams,
-        ", --max_concurrent_streams); retry later")));
+    r->Fail(absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
+                                                      limits_.max_concurrent_streams,
+                                                      ", --max_concurrent_streams); retry later")));
     return r;
   }
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kGenerate;
-  GenerateWork& work = job->generate;
-  absl::Status valid = [&]() -> absl::Status {
-    SW_ASSIGN_OR_RETURN(work.prompts, ResolveInputs(request->prompts(),
-                                                    request->add_special_tokens(), "prompts"));
-    if (request->max_new_tokens() == 0) {
-      return absl::InvalidArgumentError("max_new_tokens: must be at least 1");
-    }
-    if (request->max_new_tokens() > limits_.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_new_tokens: ", request->max_new_tokens(), " exceeds the limit of ",
-          limits_.max_new_tokens, " (--max_new_tokens)"));
-    }
-    work.max_new_tokens = request->max_new_tokens();
-    for (int i = 0; i < request->stop_token_ids_size(); ++i) {
-      const int64_t id = request->stop_token_ids(i);
-      if (id < 0 || id >= backend_->vocab_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", id,
-                                                       " is outside the vocabulary [0, ",
-                                                       backend_->vocab_size(), ")"));
-      }
-      work.stop_token_ids.push_back(id);
-    }
-    work.use_model_eos = !request->ignore_model_eos();
-    SW_ASSIGN_OR_RETURN(work.selection, ResolveSelection(request->layers()));
-    SW_ASSIGN_OR_RETURN(work.wire_dtype, ResolveDType(request->dtype(), "dtype"));
-    return absl::OkStatus();
-  }();
+  absl::StatusOr<GenerateWork> valid = ValidateGenerate(*request);
   if (!valid.ok()) {
-    r->Fail(valid);
+    r->Fail(valid.status());
     return r;
   }
+  job->generate = *std::move(valid);
   const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
   v1::ExtractionContract contract;
   ContractToProto(backend_->contract(), &contract);
@@ -430,7 +455,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
   job->deadline = SteadyDeadline(ctx);
   const std::string request_id = request->request_id();
   ExtractorMetrics* metrics = metrics_;
-  std::vector<std::vector<int64_t>> prompts = work.prompts;
+  std::vector<std::vector<int64_t>> prompts = job->generate.prompts;
   job->on_generate_done = [r, metrics, request_id, chunk_bytes, prompts = std::move(prompts)](
                               absl::StatusOr<GenerateOutput> out, const Job::Timing& timing) {
     metrics->QueueWait(timing.queue_seconds);
@@ -446,7 +471,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
       v1::Completion c;
       c.set_sequence_index(static_cast<uint32_t>(i));
       for (int64_t t : prompts[i]) c.add_prompt_token_ids(static_cast<int32_t>(t));
-      for (int64_t t : out->completions[i].tokens) c.add_completion_token_ids(static_cast<int32_t>(t));
+      for (int64_t t : out->completions[i].tokens)
+        c.add_completion_token_ids(static_cast<int32_t>(t));
       c.set_finish_reason(out->completions[i].finish_reason);
       completions->push_back(std::move(c));
       std::vector<int64_t> seq = prompts[i];
@@ -475,8 +501,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
       *m->mutable_chunk() = std::move(chunk);
       return true;
     });
-    r->Send([producer, request_id, n_seq, tokens, timing, sent = false](
-                v1::GenerateResponse* m) mutable {
+    r->Send([producer, request_id, n_seq, tokens, timing,
+             sent = false](v1::GenerateResponse* m) mutable {
       if (sent) return false;
       auto* t = m->mutable_trailer();
       t->set_request_id(request_id);
@@ -528,7 +554,8 @@ grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext
     response->set_tokenizer_digest(backend_->contract().tokenizer_digest);
     return absl::OkStatus();
   }();
-  metrics_->RequestDone("Tokenize", status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
+  metrics_->RequestDone("Tokenize",
+                        status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
   r->Finish(ToGrpcStatus(status));
   return r;
 }
@@ -543,14 +570,16 @@ grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerConte
     }
     std::lock_guard<std::mutex> lock(tokenizer_mu_);
     for (int i = 0; i < request->sequences_size(); ++i) {
-      std::vector<int64_t> ids(request->sequences(i).ids().begin(), request->sequences(i).ids().end());
+      std::vector<int64_t> ids(request->sequences(i).ids().begin(),
+                               request->sequences(i).ids().end());
       auto text = tokenizer_->Decode(ids, request->skip_special_tokens());
       if (!text.ok()) return Annotate(text.status(), absl::StrCat("sequences[", i, "]"));
       response->add_texts(*text);
     }
     return absl::OkStatus();
   }();
-  metrics_->RequestDone("Detokenize", status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
+  metrics_->RequestDone("Detokenize",
+                        status.ok() ? "OK" : GrpcCodeName(ToGrpcStatus(status).error_code()), 0);
   r->Finish(ToGrpcStatus(status));
   return r;
 }
@@ -558,7 +587,8 @@ grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerConte
 grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
     grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) {
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::TensorChunk>(SteadyDeadline(ctx), DoneHook("GetTensors", slot));
+  auto* r = new StreamReactor<v1::TensorChunk>(SteadyDeadline(ctx), DoneHook("GetTensors"),
+                                               SlotRelease(slot));
   if (!slot) {
     r->Fail(absl::ResourceExhaustedError("too many concurrent streams; retry later"));
     return r;
@@ -582,8 +612,8 @@ grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
   }
   const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
   ExtractorMetrics* metrics = metrics_;
-  r->Send([tensors, chunk_bytes, metrics, ti = size_t{0}, offset = uint64_t{0}](
-              v1::TensorChunk* m) mutable {
+  r->Send([tensors, chunk_bytes, metrics, ti = size_t{0},
+           offset = uint64_t{0}](v1::TensorChunk* m) mutable {
     while (ti < tensors->size()) {
       const TensorBytes& t = (*tensors)[ti];
       if (offset < t.bytes.size() || (offset == 0 && t.bytes.empty())) {

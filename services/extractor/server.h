@@ -48,6 +48,11 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   grpc::ServerWriteReactor<v1::TensorChunk>* GetTensors(
       grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) override;
 
+  // The checks Extract and Generate make before any work is queued, callable without a call
+  // (fuzz/): the validated work, or INVALID_ARGUMENT / FAILED_PRECONDITION naming the field.
+  absl::StatusOr<ExtractWork> ValidateExtract(const v1::ExtractRequest& request) const;
+  absl::StatusOr<GenerateWork> ValidateGenerate(const v1::GenerateRequest& request) const;
+
   // Plain → proto, shared with tests and clients.
   static void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out);
 
@@ -64,8 +69,10 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   absl::StatusOr<int64_t> ResolveChunkBytes(uint32_t requested) const;
   bool TryOpenStream();
   void CloseStream();
-  // Records a finished stream's metrics and frees its concurrency slot.
-  std::function<void(const std::string&, double)> DoneHook(const char* method, bool holds_slot);
+  // Records a finished stream's metrics (at OnDone).
+  std::function<void(const std::string&, double)> DoneHook(const char* method);
+  // Frees a stream's concurrency slot (as its final status is handed to gRPC); null if none held.
+  std::function<void()> SlotRelease(bool holds_slot);
 
   ExtractorBackend* backend_;
   Scheduler* scheduler_;

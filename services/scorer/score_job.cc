@@ -1,13 +1,17 @@
 #include "services/scorer/score_job.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -501,6 +505,179 @@ absl::StatusOr<TargetHead> LoadCheckpointTargetHead(const std::string& dir,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Retries and the results journal
+
+double ExtractorRetryPolicy::Backoff(int attempts_made) const {
+  const double b = initial_backoff_s * std::pow(backoff_multiplier, std::max(attempts_made - 1, 0));
+  return std::min(b, max_backoff_s);
+}
+
+bool IsRetryableExtractorError(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsAborted(s);
+}
+
+namespace {
+
+json ScoreToJson(const PromptScore& s, const std::string& key) {
+  json ddtree = json::object();
+  for (const auto& [budget, lengths] : s.acceptance.ddtree_step_lengths) {
+    ddtree[std::to_string(budget)] = lengths;
+  }
+  return {{"key", key},
+          {"prompt_index", s.prompt_index},
+          {"prompt_tokens", s.acceptance.prompt_tokens},
+          {"completion_tokens", s.acceptance.completion_tokens},
+          {"step_lengths", s.acceptance.step_lengths},
+          {"ddtree", ddtree},
+          {"finish_reason", s.finish_reason}};
+}
+
+// One journal line back into a PromptScore; nullopt for a line that is not one (torn, edited).
+std::optional<PromptScore> ScoreFromJson(const json& j) {
+  try {
+    PromptScore s;
+    s.prompt_index = j.at("prompt_index").get<int64_t>();
+    s.acceptance.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
+    s.acceptance.completion_tokens = j.at("completion_tokens").get<int64_t>();
+    s.acceptance.step_lengths = j.at("step_lengths").get<std::vector<int32_t>>();
+    for (const auto& [budget, lengths] : j.at("ddtree").items()) {
+      s.acceptance.ddtree_step_lengths[std::stoi(budget)] = lengths.get<std::vector<int32_t>>();
+    }
+    s.finish_reason = j.at("finish_reason").get<std::string>();
+    s.tau = MeanStepLength(s.acceptance.step_lengths);
+    s.resumed = true;
+    if (s.prompt_index < 0) return std::nullopt;
+    return s;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(
+      absl::StrCat("results journal ", path, ": ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ResultsJournal>> ResultsJournal::Open(const std::string& path,
+                                                                     const std::string& key) {
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  std::unique_ptr<ResultsJournal> j(new ResultsJournal());
+  j->path_ = path;
+  j->key_ = key;
+  j->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (j->fd_ < 0) return ErrnoError("cannot open", path);
+  std::string text;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(j->fd_, buf, sizeof(buf));
+    if (got < 0) return ErrnoError("cannot read", path);
+    if (got == 0) break;
+    text.append(buf, static_cast<size_t>(got));
+  }
+  // Only newline-terminated lines were written completely; a tail without one is a torn write,
+  // cut off so the next line starts on a line of its own.
+  const size_t complete = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  if (complete < text.size()) {
+    ++j->ignored_lines_;
+    if (::ftruncate(j->fd_, static_cast<off_t>(complete)) != 0) {
+      return ErrnoError("cannot cut the torn last line", path);
+    }
+  }
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(text).substr(0, complete), '\n', absl::SkipWhitespace())) {
+    json v = json::parse(line, nullptr, false);
+    if (v.is_discarded() || !v.is_object() || !v.contains("key") || v.at("key") != key) {
+      ++j->ignored_lines_;
+      continue;
+    }
+    std::optional<PromptScore> score = ScoreFromJson(v);
+    if (!score) {
+      ++j->ignored_lines_;
+      continue;
+    }
+    j->completed_[score->prompt_index] = std::move(*score);
+  }
+  if (::lseek(j->fd_, 0, SEEK_END) < 0) return ErrnoError("cannot seek", path);
+  return j;
+}
+
+ResultsJournal::~ResultsJournal() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status ResultsJournal::Append(const PromptScore& score) {
+  const std::string line = ScoreToJson(score, key_).dump() + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot append", path_);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // The line counts as kept only once it is on disk: a resumed job trusts every complete line.
+  if (::fsync(fd_) != 0) return ErrnoError("cannot fsync", path_);
+  PromptScore kept = score;
+  kept.resumed = true;
+  completed_[score.prompt_index] = std::move(kept);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DigestDrafterFiles(const std::string& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() &&
+        (name == "config.json" || absl::EndsWith(name, ".safetensors"))) {
+      files.push_back(entry.path());
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("drafter_path ", dir, ": ", ec.message()));
+  }
+  std::sort(files.begin(), files.end());
+  ContentDigest d;
+  std::vector<char> buf(1 << 20);
+  for (const fs::path& f : files) {
+    d.UpdateField(f.filename().string());
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("drafter file ", f.string(), ": cannot open"));
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      const std::streamsize got = in.gcount();
+      if (got > 0) d.Update(std::string_view(buf.data(), static_cast<size_t>(got)));
+    }
+  }
+  return d.Hex();
+}
+
+std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
+                   const DrafterSpec& drafter, const std::string& drafter_digest,
+                   const std::vector<std::vector<int64_t>>& prompts, DType wire_dtype) {
+  ContentDigest d;
+  d.UpdateField("specwire-score-job-v1");
+  d.UpdateField(spec.job_id);
+  d.UpdateField(contract.weights_digest);
+  d.UpdateField(contract.tokenizer_digest);
+  d.UpdateField(contract.compute_dtype);
+  d.UpdateField(drafter_digest);
+  d.UpdateField(drafter.dtype);
+  d.UpdateField(drafter.device);
+  d.UpdateField(absl::StrCat(spec.max_new_tokens));
+  d.UpdateField(absl::StrJoin(spec.ddtree_budgets, ","));
+  d.UpdateField(absl::StrCat(static_cast<int>(wire_dtype)));
+  d.UpdateField(absl::StrCat(prompts.size()));
+  for (const auto& p : prompts) d.UpdateField(absl::StrJoin(p, ","));
+  return d.Hex();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The runner
 
 absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreRunnerOptions& o) {
@@ -512,6 +689,19 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreRunnerOptions& o) {
     return absl::InvalidArgumentError("give either prompts or dataset_path, not both");
   }
   if (spec.max_prompts < 0) return absl::InvalidArgumentError("max_prompts: negative");
+  if (spec.job_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: ", spec.job_id.size(), " characters, at most 128"));
+  }
+  for (char c : spec.job_id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job_id: \"", spec.job_id, "\" may hold only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  if (!spec.job_id.empty() && spec.job_id.find_first_not_of('.') == std::string::npos) {
+    return absl::InvalidArgumentError("job_id: \".\" and \"..\" are not ids");
+  }
   if (static_cast<int64_t>(spec.prompts.size()) > o.max_prompts) {
     return absl::InvalidArgumentError(absl::StrCat("prompts: ", spec.prompts.size(),
                                                    " exceed the limit of ", o.max_prompts,
@@ -726,6 +916,12 @@ class TrajectoryQueue {
     --free_slots_;
     return true;
   }
+  // Gives a slot back without an item (a fetch that will be tried again).
+  void ReleaseSlot() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++free_slots_;
+    cv_.notify_all();
+  }
   void Push(Item item) {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back(std::move(item));
@@ -755,6 +951,89 @@ class TrajectoryQueue {
   bool stopped_ = false;
 };
 
+// The prompts a job still has to fetch: fresh ones in index order, and those whose fetch failed
+// with a retryable error (taken first, by whichever extractor asks next, so a second replica
+// picks up the prompts of one that went away). The retry budget is per prompt and extractor: an
+// extractor that used up its attempts at a prompt leaves it to the others, and the prompt fails
+// only once every extractor of the job did. A fetcher waits for work while another one's prompt
+// is in flight: that prompt may still come back for a retry.
+class PromptTasks {
+ public:
+  struct Task {
+    int64_t index = 0;
+    std::map<const ExtractorEndpoint*, int> attempts;  // made so far, per extractor
+    int total_attempts() const {
+      int n = 0;
+      for (const auto& [e, k] : attempts) n += k;
+      return n;
+    }
+  };
+
+  PromptTasks(std::vector<int64_t> todo, int max_attempts)
+      : todo_(std::move(todo)), max_attempts_(max_attempts) {}
+
+  // The next prompt for extractor `e`; nullopt when nothing is left (or the job stopped).
+  std::optional<Task> Take(const ExtractorEndpoint* e) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::optional<Task> t;
+    cv_.wait(lock, [&] {
+      if (stopped_) return true;
+      for (auto it = retry_.begin(); it != retry_.end(); ++it) {
+        if (Left(*it, e) > 0) {
+          t = std::move(*it);
+          retry_.erase(it);
+          return true;
+        }
+      }
+      if (next_ < todo_.size()) {
+        t.emplace();
+        t->index = todo_[next_++];
+        return true;
+      }
+      return retry_.empty() && in_flight_ == 0;
+    });
+    if (stopped_ || !t) return std::nullopt;
+    ++in_flight_;
+    return t;
+  }
+  // Attempts extractor `e` has left at the task.
+  int Left(const Task& t, const ExtractorEndpoint* e) const {
+    auto it = t.attempts.find(e);
+    return max_attempts_ - (it == t.attempts.end() ? 0 : it->second);
+  }
+  void Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+    cv_.notify_all();
+  }
+  void Retry(Task t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+    retry_.push_back(std::move(t));
+    cv_.notify_all();
+  }
+  // Sleeps up to `seconds`; true when the job stopped meanwhile.
+  bool WaitStopped(double seconds) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return stopped_; });
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::vector<int64_t> todo_;
+  const int max_attempts_;
+  size_t next_ = 0;
+  std::deque<Task> retry_;
+  int64_t in_flight_ = 0;
+  bool stopped_ = false;
+};
+
 }  // namespace
 
 absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& events,
@@ -771,6 +1050,17 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   absl::Status first_error;
   for (ExtractorEndpoint* e : resolved) {
     auto c = e->Info();
+    // A listed extractor that is restarting gets the retry policy's time to come back; behind a
+    // DNS name an unanswering replica is left out instead (below).
+    for (int attempt = 1;
+         !c.ok() && IsRetryableExtractorError(c.status()) && !pool_->resolves_by_dns() &&
+         attempt < options_.retry.max_attempts && !cancelled;
+         ++attempt) {
+      Log(absl::StrCat("extractor ", e->address(), " GetModelInfo failed (attempt ", attempt,
+                       "), retrying: ", c.status().ToString()));
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.retry.Backoff(attempt)));
+      c = e->Info();
+    }
     if (!c.ok()) {
       absl::Status s =
           Annotate(c.status(), absl::StrCat("extractor ", e->address(), " GetModelInfo"));
@@ -807,6 +1097,24 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   if (cancelled) return absl::CancelledError("request cancelled");
 
   const int64_t n = static_cast<int64_t>(prompts.size());
+  std::unique_ptr<ResultsJournal> journal;
+  std::string journal_path = options_.results_file;
+  if (journal_path.empty() && !options_.results_dir.empty() && !spec.job_id.empty()) {
+    journal_path = (fs::path(options_.results_dir) / (spec.job_id + ".jsonl")).string();
+  }
+  if (!journal_path.empty()) {
+    SW_ASSIGN_OR_RETURN(const std::string drafter_digest, DigestDrafterFiles(spec.drafter_path));
+    const std::string key =
+        JobKey(spec, contract, drafter, drafter_digest, prompts, options_.wire_dtype);
+    SW_ASSIGN_OR_RETURN(journal, ResultsJournal::Open(journal_path, key));
+    int64_t resumed = 0;
+    for (const auto& entry : journal->completed()) resumed += entry.first < n ? 1 : 0;
+    Log(absl::StrCat(
+        "results journal ", journal_path, ": ", resumed, " of ", n, " prompts already scored",
+        journal->ignored_lines() > 0 ? absl::StrCat(" (", journal->ignored_lines(),
+                                                    " lines of another job spec or torn, ignored)")
+                                     : ""));
+  }
   ScoreStart start;
   start.contract = contract;
   start.drafter = drafter;
@@ -818,31 +1126,88 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   progress.total = n;
   if (events.on_progress) events.on_progress(progress);
 
-  // 5. Trajectories from the extractors (one thread each), replays here.
+  // 5. Trajectories from the extractors (one thread each), replays here. Prompts a results
+  // journal holds from an earlier run of the job are reported first and not fetched again.
+  std::vector<ResponseAcceptance> results(n);
+  double sum_of_means = 0;
+  int64_t with_steps = 0, tokens = 0;
+  auto record = [&](const PromptScore& score) {
+    results[score.prompt_index] = score.acceptance;
+    const ResponseAcceptance& r = score.acceptance;
+    if (!r.step_lengths.empty()) {
+      sum_of_means += score.tau;
+      ++with_steps;
+    }
+    progress.steps += static_cast<int64_t>(r.step_lengths.size());
+    for (int32_t v : r.step_lengths) tokens += v;
+    ++progress.done;
+    progress.tau_so_far = with_steps ? sum_of_means / static_cast<double>(with_steps) : 0;
+    progress.tau_pooled_so_far =
+        progress.steps ? static_cast<double>(tokens) / static_cast<double>(progress.steps) : 0;
+    if (events.on_prompt) events.on_prompt(score);
+    if (events.on_progress) events.on_progress(progress);
+  };
+  std::vector<int64_t> todo;
+  if (journal) {
+    for (const auto& [i, score] : journal->completed()) {
+      if (i < n) record(score);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!journal || !journal->completed().count(i)) todo.push_back(i);
+  }
+
   const RequestedStates states = DrafterStates(drafter.target_layer_ids, contract.num_layers);
   const int64_t workers = static_cast<int64_t>(endpoints.size());
   TrajectoryQueue queue(workers * (1 + std::max<int64_t>(options_.prefetch_per_extractor, 0)));
-  std::atomic<int64_t> next{0};
+  PromptTasks tasks(std::move(todo), std::max(options_.retry.max_attempts, 1));
+  // Cancels the Generate calls in flight when the job stops (cancelled, failed): the extractor
+  // frees their work at once instead of finishing a completion nobody reads.
+  CallCancellation in_flight;
+  const ExtractorRetryPolicy retry = options_.retry;
   std::vector<std::thread> fetchers;
   for (ExtractorEndpoint* e : endpoints) {
     fetchers.emplace_back([&, e] {
+      int failures_in_row = 0;  // this extractor's, for its backoff
       while (!cancelled) {
         if (!queue.AcquireSlot()) return;
-        const int64_t i = next.fetch_add(1);
-        if (i >= n) return;
+        std::optional<PromptTasks::Task> task = tasks.Take(e);
+        if (!task) return;
+        const int64_t i = task->index;
         GenerateParams p;
         p.prompts = {InputSequence::Tokens(prompts[i])};
         p.max_new_tokens = static_cast<uint32_t>(spec.max_new_tokens);
         p.states = states;
         p.dtype = options_.wire_dtype;
         p.request_id = absl::StrCat("score-", spec.labels.drafter, "-", i);
+        p.cancel = &in_flight;
         TrajectoryQueue::Item item;
         item.index = i;
         auto reply = e->Generate(p);
+        ++task->attempts[e];
+        // Retried while some extractor of the job has attempts left at this prompt.
+        bool others_left = false;
+        for (ExtractorEndpoint* other : endpoints) others_left |= tasks.Left(*task, other) > 0;
+        if (!reply.ok() && IsRetryableExtractorError(reply.status()) && !cancelled && others_left) {
+          ++failures_in_row;
+          Log(absl::StrCat("prompt ", i, ": Generate on ", e->address(), " failed (attempt ",
+                           task->attempts[e], " of ", retry.max_attempts,
+                           " there), retrying: ", reply.status().ToString()));
+          queue.ReleaseSlot();
+          tasks.Retry(std::move(*task));
+          if (tasks.WaitStopped(retry.Backoff(failures_in_row))) return;
+          continue;
+        }
+        tasks.Done();
         if (!reply.ok()) {
-          item.trajectory = Annotate(
-              reply.status(), absl::StrCat("prompt ", i, " (Generate on ", e->address(), ")"));
+          std::string where = absl::StrCat("prompt ", i, " (Generate on ", e->address());
+          if (IsRetryableExtractorError(reply.status()) && task->total_attempts() > 1) {
+            absl::StrAppend(&where, ", failed ", task->total_attempts(),
+                            " times, the retry budget");
+          }
+          item.trajectory = Annotate(reply.status(), absl::StrCat(where, ")"));
         } else {
+          failures_in_row = 0;
           item.finish_reason =
               reply->completions.empty() ? "" : reply->completions[0].finish_reason;
           item.trajectory = TrajectoryFromReply(*reply, drafter.target_layer_ids,
@@ -858,13 +1223,12 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   }
   auto stop_fetchers = [&] {
     queue.Stop();
+    tasks.Stop();
+    in_flight.Cancel();
     for (std::thread& t : fetchers) t.join();
     fetchers.clear();
   };
 
-  std::vector<ResponseAcceptance> results(n);
-  double sum_of_means = 0;
-  int64_t with_steps = 0, tokens = 0;
   absl::Status status;
   while (progress.done < n) {
     if (cancelled) {
@@ -882,27 +1246,19 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
       status = Annotate(replayed.status(), absl::StrCat("prompt ", item->index));
       break;
     }
-    ResponseAcceptance& r = results[item->index];
-    r = std::move(*replayed);
-    r.prompt_tokens = item->trajectory->prompt_len;
-    r.completion_tokens = static_cast<int64_t>(item->trajectory->tokens.size()) - r.prompt_tokens;
     PromptScore score;
     score.prompt_index = item->index;
-    score.acceptance = r;
+    score.acceptance = std::move(*replayed);
+    score.acceptance.prompt_tokens = item->trajectory->prompt_len;
+    score.acceptance.completion_tokens =
+        static_cast<int64_t>(item->trajectory->tokens.size()) - score.acceptance.prompt_tokens;
     score.finish_reason = item->finish_reason;
-    score.tau = MeanStepLength(r.step_lengths);
-    if (!r.step_lengths.empty()) {
-      sum_of_means += score.tau;
-      ++with_steps;
+    score.tau = MeanStepLength(score.acceptance.step_lengths);
+    if (journal) {
+      status = journal->Append(score);
+      if (!status.ok()) break;
     }
-    progress.steps += static_cast<int64_t>(r.step_lengths.size());
-    for (int32_t v : r.step_lengths) tokens += v;
-    ++progress.done;
-    progress.tau_so_far = with_steps ? sum_of_means / static_cast<double>(with_steps) : 0;
-    progress.tau_pooled_so_far =
-        progress.steps ? static_cast<double>(tokens) / static_cast<double>(progress.steps) : 0;
-    if (events.on_prompt) events.on_prompt(score);
-    if (events.on_progress) events.on_progress(progress);
+    record(score);
   }
   stop_fetchers();
   SW_RETURN_IF_ERROR(status);

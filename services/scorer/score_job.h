@@ -50,6 +50,10 @@ struct ScoreSpec {
   std::vector<int32_t> ddtree_budgets = {8};
   ScoreLabels labels;
   bool add_special_tokens = false;  // for text prompts
+  // Names the job for resumption (ScoreRequest.job_id): with a results journal, a job
+  // submitted again under the same id and spec skips the prompts it completed before. "": none.
+  // At most 128 characters of [A-Za-z0-9._-].
+  std::string job_id;
 };
 
 // The labels with defaults filled: the drafter directory's name, the dataset file's stem or
@@ -62,6 +66,9 @@ struct PromptScore {
   ResponseAcceptance acceptance;  // step lengths (a + 1), DDTree-N step lengths, token counts
   std::string finish_reason;      // "stop_token" | "max_new_tokens"
   double tau = 0;                 // mean of the step lengths (0 without steps)
+  // Read back from the results journal (scored by an earlier run of the job): reported again,
+  // but not counted again in metrics.
+  bool resumed = false;
 };
 
 // After each prompt (and once before the first, with done = 0).
@@ -172,6 +179,58 @@ class ExtractorPool {
 // Splits "a:1, b:2" (or resolves "dns:///name:port") into host:port addresses.
 absl::StatusOr<std::vector<std::string>> ResolveExtractorAddresses(const std::string& spec);
 
+// How a job retries an extractor call that failed for a reason a retry can fix (the extractor
+// went away: UNAVAILABLE, which is also what a reset connection or a server killed in the middle
+// of a stream gives; ABORTED). Greedy trajectories are deterministic, so asking again is safe.
+// Other codes (INVALID_ARGUMENT, FAILED_PRECONDITION, DATA_LOSS, ...) fail the job at once.
+struct ExtractorRetryPolicy {
+  int max_attempts = 6;             // per prompt, the first included; 1: no retry
+  double initial_backoff_s = 0.1;   // before the second attempt
+  double backoff_multiplier = 2.0;  // each later wait grows by this factor
+  double max_backoff_s = 2.0;       // the longest wait
+  // The wait before attempt n + 1 (n >= 1 attempts made).
+  double Backoff(int attempts_made) const;
+};
+bool IsRetryableExtractorError(const absl::Status& s);
+
+// A job's completed prompts on disk: one JSON line per prompt, appended and fsync'ed as each
+// finishes, so a scorer that dies loses at most the prompt in progress. Every line carries the
+// job's key (the job id and a digest of everything that decides the numbers: target weights,
+// drafter files, prompts, max_new_tokens, DDTree budgets, wire dtype, drafter dtype), so results
+// of a changed job are never reused. A torn last line (a crash mid-write) is ignored and cut
+// off before the next append; lines of other keys are ignored.
+class ResultsJournal {
+ public:
+  // Opens (creates) `path` and reads back the results recorded under `key`.
+  static absl::StatusOr<std::unique_ptr<ResultsJournal>> Open(const std::string& path,
+                                                              const std::string& key);
+  ~ResultsJournal();
+  ResultsJournal(const ResultsJournal&) = delete;
+  ResultsJournal& operator=(const ResultsJournal&) = delete;
+
+  // Completed prompts of this key, by index (marked resumed).
+  const std::map<int64_t, PromptScore>& completed() const { return completed_; }
+  int64_t ignored_lines() const { return ignored_lines_; }
+  // Appends one prompt's line and fsyncs it.
+  absl::Status Append(const PromptScore& score);
+  const std::string& path() const { return path_; }
+
+ private:
+  ResultsJournal() = default;
+  std::string path_;
+  std::string key_;
+  int fd_ = -1;
+  std::map<int64_t, PromptScore> completed_;
+  int64_t ignored_lines_ = 0;
+};
+
+// The journal key of a job (see ResultsJournal).
+std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
+                   const DrafterSpec& drafter, const std::string& drafter_digest,
+                   const std::vector<std::vector<int64_t>>& prompts, DType wire_dtype);
+// Digest of a drafter directory's config.json and *.safetensors files (names and bytes).
+absl::StatusOr<std::string> DigestDrafterFiles(const std::string& dir);
+
 struct ScoreRunnerOptions {
   // Where the target's embed_tokens / lm_head come from: a local checkpoint directory (no
   // transfer) or the extractor's GetTensors, cached under cache_dir keyed by tensor digest
@@ -190,6 +249,12 @@ struct ScoreRunnerOptions {
   int64_t max_ddtree_budgets = 16;
   // Paths in a spec (drafter, dataset) must lie under this directory ("" : anywhere).
   std::string data_root;
+  // Extractor calls (Generate) that fail with a retryable code are tried again.
+  ExtractorRetryPolicy retry;
+  // The results journal of a job with a job_id: <results_dir>/<job_id>.jsonl ("" : none), or
+  // results_file for every job (the CLI's --resume_file).
+  std::string results_dir;
+  std::string results_file;
   // Where the runner says what it did (fetched or cached the head, ...).
   std::function<void(const std::string&)> log;
 };
@@ -202,8 +267,11 @@ class ScoreRunner {
   // Everything passed in must outlive the runner; Run calls never overlap.
   ScoreRunner(ScorerBackend* backend, ExtractorPool* pool, ScoreRunnerOptions options);
 
-  // Runs one job (see the file comment). `cancelled` is polled between prompts; a cancelled job
-  // returns CANCELLED once the extractor calls in flight (at most one per extractor) returned.
+  // Runs one job (see the file comment). `cancelled` is polled every 50 ms; a cancelled job
+  // cancels its extractor calls in flight (the extractor frees their work) and returns
+  // CANCELLED. A Generate that fails with a retryable code is tried again (options.retry), on
+  // whichever extractor is free next. With a results journal (options.results_dir + a job_id, or
+  // options.results_file) prompts it holds are reported as `resumed` and not scored again.
   absl::Status Run(const ScoreSpec& spec, const ScoreEvents& events,
                    const std::atomic<bool>& cancelled);
 

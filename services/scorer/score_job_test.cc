@@ -416,8 +416,11 @@ TEST(ScoreRunner, BehindDnsAnUnansweringAddressIsLeftOut) {
     FakeBackend backend;
     Recorded r;
     std::atomic<bool> cancelled{false};
+    ScoreRunnerOptions fast;  // a listed address is retried (the retry policy) before failing
+    fast.retry.initial_backoff_s = 0.001;
+    fast.retry.max_backoff_s = 0.002;
     absl::Status s =
-        ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+        ScoreRunner(&backend, pool.get(), fast).Run(FiveTokenPrompts(), Record(r), cancelled);
     if (!dns) {
       EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
       EXPECT_NE(s.message().find("extractor fake:1 GetModelInfo: connection refused"),
@@ -450,8 +453,10 @@ TEST(ScoreRunner, ErrorsNameThePromptAndTheExtractor) {
   FakeBackend backend;
   Recorded r;
   std::atomic<bool> cancelled{false};
+  ScoreRunnerOptions no_retry;
+  no_retry.retry.max_attempts = 1;
   absl::Status s =
-      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled);
+      ScoreRunner(&backend, pool.get(), no_retry).Run(FiveTokenPrompts(), Record(r), cancelled);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("(Generate on fake:1): connection refused"), std::string::npos) << s;
 
@@ -592,6 +597,242 @@ TEST(ScoreRunner, CancelledJobStops) {
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(prompts, 2);
   EXPECT_LE(raw[0]->generate_calls + raw[1]->generate_calls, 2 + 2 * 2);  // in flight + prefetched
+}
+
+// --- retries and the results journal ------------------------------------------------------------
+
+// Fails its first `failures` Generate calls with `error`, then answers like FakeEndpoint.
+class FlakyEndpoint : public FakeEndpoint {
+ public:
+  FlakyEndpoint(std::string address, int failures, absl::Status error)
+      : FakeEndpoint(std::move(address)), failures_(failures), error_(std::move(error)) {}
+  absl::StatusOr<GenerateReply> Generate(const GenerateParams& p) override {
+    if (failures_.fetch_sub(1) > 0) {
+      ++failed_calls;
+      return error_;
+    }
+    return FakeEndpoint::Generate(p);
+  }
+  std::atomic<int> failed_calls{0};
+
+ private:
+  std::atomic<int> failures_;
+  absl::Status error_;
+};
+
+ScoreRunnerOptions FastRetries(int attempts) {
+  ScoreRunnerOptions o;
+  o.retry.max_attempts = attempts;
+  o.retry.initial_backoff_s = 0.001;
+  o.retry.max_backoff_s = 0.004;
+  return o;
+}
+
+AcceptanceSummary Uninterrupted() {
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, nullptr));
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  EXPECT_TRUE(
+      ScoreRunner(&backend, pool.get(), {}).Run(FiveTokenPrompts(), Record(r), cancelled).ok());
+  return r.summary;
+}
+
+void ExpectSameSummary(const AcceptanceSummary& a, const AcceptanceSummary& b) {
+  EXPECT_EQ(a.responses, b.responses);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.histogram, b.histogram);
+  EXPECT_EQ(a.num_accepted_tokens_per_pos, b.num_accepted_tokens_per_pos);
+  EXPECT_DOUBLE_EQ(a.tau_mean_of_means, b.tau_mean_of_means);
+  EXPECT_DOUBLE_EQ(a.tau_pooled, b.tau_pooled);
+}
+
+TEST(ExtractorRetryPolicy, BackoffGrowsToItsCap) {
+  ExtractorRetryPolicy p;
+  EXPECT_DOUBLE_EQ(p.Backoff(1), 0.1);
+  EXPECT_DOUBLE_EQ(p.Backoff(2), 0.2);
+  EXPECT_DOUBLE_EQ(p.Backoff(10), 2.0);
+  EXPECT_TRUE(IsRetryableExtractorError(absl::UnavailableError("Socket closed")));
+  EXPECT_TRUE(IsRetryableExtractorError(absl::AbortedError("x")));
+  EXPECT_FALSE(IsRetryableExtractorError(absl::InvalidArgumentError("x")));
+  EXPECT_FALSE(IsRetryableExtractorError(absl::DataLossError("crc")));
+  EXPECT_FALSE(IsRetryableExtractorError(absl::CancelledError("x")));
+}
+
+TEST(ScoreRunner, UnavailableGenerateIsRetriedAndTheSummaryIsUnchanged) {
+  std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
+  auto flaky =
+      std::make_unique<FlakyEndpoint>("fake:1", 3, absl::UnavailableError("Socket closed"));
+  FlakyEndpoint* raw = flaky.get();
+  eps.push_back(std::move(flaky));
+  auto pool = ExtractorPool::FromEndpoints(std::move(eps));
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  std::vector<std::string> log;
+  ScoreRunnerOptions o = FastRetries(6);
+  o.log = [&](const std::string& l) { log.push_back(l); };
+  absl::Status s =
+      ScoreRunner(&backend, pool.get(), o).Run(FiveTokenPrompts(), Record(r), cancelled);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(raw->failed_calls, 3);
+  EXPECT_EQ(raw->generate_calls, 5);
+  EXPECT_EQ(r.prompts.size(), 5u);
+  ExpectSameSummary(r.summary, Uninterrupted());
+  bool logged = false;
+  for (const std::string& l : log) {
+    logged |= l.find("prompt 0: Generate on fake:1 failed (attempt 1 of 6 there), retrying") !=
+              std::string::npos;
+  }
+  EXPECT_TRUE(logged);
+}
+
+TEST(ScoreRunner, AnotherExtractorTakesTheFailedPrompts) {
+  std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
+  auto dead = std::make_unique<FlakyEndpoint>("fake:dead", 1 << 20,
+                                              absl::UnavailableError("connection refused"));
+  FlakyEndpoint* dead_raw = dead.get();
+  eps.push_back(std::move(dead));
+  auto alive = std::make_unique<FakeEndpoint>("fake:alive");
+  alive->delay_ms = 20;  // the dead one gets prompts too
+  eps.push_back(std::move(alive));
+  auto pool = ExtractorPool::FromEndpoints(std::move(eps));
+  FakeBackend backend;
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  absl::Status s = ScoreRunner(&backend, pool.get(), FastRetries(4))
+                       .Run(FiveTokenPrompts(), Record(r), cancelled);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_GE(dead_raw->failed_calls, 1);
+  ExpectSameSummary(r.summary, Uninterrupted());
+}
+
+TEST(ScoreRunner, RetryBudgetAndPermanentErrors) {
+  std::atomic<bool> cancelled{false};
+  FakeBackend backend;
+  Recorded r;
+  {
+    std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
+    auto e = std::make_unique<FlakyEndpoint>("fake:1", 1 << 20, absl::UnavailableError("gone"));
+    FlakyEndpoint* raw = e.get();
+    eps.push_back(std::move(e));
+    auto pool = ExtractorPool::FromEndpoints(std::move(eps));
+    absl::Status s = ScoreRunner(&backend, pool.get(), FastRetries(3))
+                         .Run(FiveTokenPrompts(), Record(r), cancelled);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("failed 3 times, the retry budget): gone"), std::string::npos) << s;
+    EXPECT_LE(raw->failed_calls, 3 * 5);
+  }
+  {
+    std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
+    auto e = std::make_unique<FlakyEndpoint>(
+        "fake:1", 1 << 20, absl::InvalidArgumentError("max_new_tokens: too many"));
+    FlakyEndpoint* raw = e.get();
+    eps.push_back(std::move(e));
+    auto pool = ExtractorPool::FromEndpoints(std::move(eps));
+    absl::Status s = ScoreRunner(&backend, pool.get(), FastRetries(3))
+                         .Run(FiveTokenPrompts(), Record(r), cancelled);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message().find("retry"), std::string::npos) << s;
+    // The first prompt, one prefetched, and one more while the job stops; none retried.
+    EXPECT_LE(raw->failed_calls, 3);
+  }
+}
+
+TEST(ResultsJournal, KeepsLinesOfItsKeyAndCutsATornLine) {
+  const fs::path dir = TempDir("journal");
+  const std::string path = (dir / "job.jsonl").string();
+  PromptScore a;
+  a.prompt_index = 3;
+  a.acceptance.step_lengths = {1, 4, 2};
+  a.acceptance.ddtree_step_lengths[8] = {2, 4};
+  a.acceptance.prompt_tokens = 5;
+  a.acceptance.completion_tokens = 7;
+  a.finish_reason = "max_new_tokens";
+  {
+    auto j = ResultsJournal::Open(path, "key-1");
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_TRUE((*j)->completed().empty());
+    ASSERT_TRUE((*j)->Append(a).ok());
+  }
+  {
+    std::ofstream out(path, std::ios::app);
+    out << "{\"key\": \"key-1\", \"prompt_index\": 4, \"step_le";  // torn
+  }
+  {
+    auto j = ResultsJournal::Open(path, "key-1");
+    ASSERT_TRUE(j.ok()) << j.status();
+    ASSERT_EQ((*j)->completed().size(), 1u);
+    const PromptScore& b = (*j)->completed().at(3);
+    EXPECT_TRUE(b.resumed);
+    EXPECT_EQ(b.acceptance.step_lengths, a.acceptance.step_lengths);
+    EXPECT_EQ(b.acceptance.ddtree_step_lengths, a.acceptance.ddtree_step_lengths);
+    EXPECT_EQ(b.acceptance.prompt_tokens, 5);
+    EXPECT_EQ(b.acceptance.completion_tokens, 7);
+    EXPECT_EQ(b.finish_reason, "max_new_tokens");
+    EXPECT_DOUBLE_EQ(b.tau, 7.0 / 3);
+    EXPECT_EQ((*j)->ignored_lines(), 1);
+    a.prompt_index = 4;
+    ASSERT_TRUE((*j)->Append(a).ok());  // on a line of its own after the cut
+  }
+  auto j = ResultsJournal::Open(path, "key-1");
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ((*j)->completed().size(), 2u);
+  EXPECT_EQ((*j)->ignored_lines(), 0);
+  auto other = ResultsJournal::Open(path, "key-2");  // a changed job: nothing reused
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE((*other)->completed().empty());
+  EXPECT_EQ((*other)->ignored_lines(), 2);
+  fs::remove_all(dir);
+}
+
+TEST(ScoreRunner, ResumesFromTheResultsJournal) {
+  const fs::path dir = TempDir("resume");
+  fs::create_directories(dir / "drafter");
+  WriteText(dir / "drafter" / "config.json", "{}");
+  ScoreSpec spec = FiveTokenPrompts();
+  spec.drafter_path = (dir / "drafter").string();
+  spec.job_id = "job-1";
+  ScoreRunnerOptions o;
+  o.results_dir = (dir / "results").string();
+  std::vector<FakeEndpoint*> raw;
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
+  FakeBackend backend;
+  std::atomic<bool> cancelled{false};
+  Recorded first;
+  ASSERT_TRUE(ScoreRunner(&backend, pool.get(), o).Run(spec, Record(first), cancelled).ok());
+  EXPECT_EQ(raw[0]->generate_calls, 5);
+  ASSERT_TRUE(fs::exists(dir / "results" / "job-1.jsonl"));
+
+  Recorded again;
+  ASSERT_TRUE(ScoreRunner(&backend, pool.get(), o).Run(spec, Record(again), cancelled).ok());
+  EXPECT_EQ(raw[0]->generate_calls, 5);  // nothing fetched again
+  ASSERT_EQ(again.prompts.size(), 5u);
+  for (const PromptScore& p : again.prompts) EXPECT_TRUE(p.resumed);
+  ExpectSameSummary(again.summary, first.summary);
+
+  // A changed drafter file changes the key: everything is scored again.
+  WriteText(dir / "drafter" / "config.json", "{\"changed\": true}");
+  Recorded changed;
+  ASSERT_TRUE(ScoreRunner(&backend, pool.get(), o).Run(spec, Record(changed), cancelled).ok());
+  EXPECT_EQ(raw[0]->generate_calls, 10);
+  for (const PromptScore& p : changed.prompts) EXPECT_FALSE(p.resumed);
+  fs::remove_all(dir);
+}
+
+TEST(ValidateSpec, JobId) {
+  ScoreRunnerOptions o;
+  ScoreSpec s = FiveTokenPrompts();
+  for (const char* bad : {"../x", "a/b", "..", "sp ace"}) {
+    s.job_id = bad;
+    absl::Status v = ValidateSpec(s, o);
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(v.message().find("job_id"), std::string::npos) << v;
+  }
+  s.job_id = std::string(129, 'a');
+  EXPECT_EQ(ValidateSpec(s, o).code(), absl::StatusCode::kInvalidArgument);
+  s.job_id = "eval-2026.11_step-1200";
+  EXPECT_TRUE(ValidateSpec(s, o).ok());
 }
 
 }  // namespace

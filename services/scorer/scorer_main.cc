@@ -10,6 +10,7 @@
 #include <prometheus/exposer.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -20,11 +21,17 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/security.h"
+#include "common/server_flags.h"
+#include "common/status.h"
 #include "services/scorer/metrics.h"
 #include "services/scorer/score_job.h"
 #include "services/scorer/scorer_backend.h"
 #include "services/scorer/server.h"
+#include "services/scorer/submit_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "gRPC listen address (host:port; port 0 picks one).");
@@ -56,8 +63,53 @@ ABSL_FLAG(int64_t, max_new_tokens, 4096, "max_new_tokens of a job at most.");
 ABSL_FLAG(int64_t, max_ddtree_budget, 4096, "DDTree node budget at most.");
 ABSL_FLAG(int64_t, max_ddtree_budgets, 16, "DDTree budgets per job at most.");
 ABSL_FLAG(int64_t, prefetch, 1, "Trajectories fetched ahead of the replay, per extractor.");
+ABSL_FLAG(bool, extractor_tls, false,
+          "Connect to the extractor(s) with TLS; implied by --extractor_tls_ca and "
+          "--extractor_tls_client_cert.");
+ABSL_FLAG(std::string, extractor_tls_ca, "",
+          "PEM CA that signed the extractors' certificates (default: system roots).");
+ABSL_FLAG(std::string, extractor_tls_client_cert, "",
+          "PEM client certificate presented to the extractors (mTLS).");
+ABSL_FLAG(std::string, extractor_tls_client_key, "", "PEM key of --extractor_tls_client_cert.");
+ABSL_FLAG(std::string, extractor_tls_server_name, "",
+          "Name to check the extractors' certificates against (default: the host).");
+ABSL_FLAG(std::string, extractor_auth_token_file, "",
+          "Bearer token sent to the extractors; else $SPECWIRE_AUTH_TOKEN, else the file named "
+          "by $SPECWIRE_AUTH_TOKEN_FILE.");
 ABSL_FLAG(double, extractor_timeout, 0, "Deadline of each extractor call in seconds (0: none).");
+ABSL_FLAG(int, extractor_attempts, 6,
+          "Attempts per prompt when an extractor call fails with UNAVAILABLE / ABORTED (the "
+          "extractor went away); backoff 0.1 s doubling up to 2 s. 1: no retry.");
+ABSL_FLAG(std::string, results_dir, "",
+          "Keep each completed prompt of a job that has a job_id in <dir>/<job_id>.jsonl "
+          "(fsync'ed), so the same job submitted again after a restart resumes. Empty: off.");
 ABSL_FLAG(int, drain_seconds, 30, "On SIGTERM: seconds to let queued and running jobs finish.");
+// Continuous evaluation (services/scorer/watch.h): on when --eval_sets is given.
+ABSL_FLAG(std::string, eval_sets, "",
+          "Eval sets every new drafter checkpoint is scored on (watch and push modes): "
+          "label=path.jsonl or path.jsonl (label: the file's stem), comma-separated.");
+ABSL_FLAG(int64_t, eval_max_prompts, 0, "Eval sets: score the first N prompts (0: all).");
+ABSL_FLAG(int64_t, eval_max_new_tokens, 256, "Eval sets: greedy completion budget per prompt.");
+ABSL_FLAG(std::string, eval_ddtree, "8", "Eval sets: DDTree budgets, comma-separated.");
+ABSL_FLAG(std::string, eval_db, "",
+          "SQLite results database of continuous evaluation, keyed (run, step, dataset) "
+          "(default <cache_dir>/eval.sqlite).");
+ABSL_FLAG(std::string, watch_dir, "",
+          "Score every drafter checkpoint (a subdirectory with config.json + *.safetensors, "
+          "step from its name checkpoint-N / step_N / N or trainer_state.json) appearing here.");
+ABSL_FLAG(std::string, watch_run, "", "Run label of --watch_dir (default: its name).");
+ABSL_FLAG(double, watch_poll_seconds, 5, "Seconds between scans of --watch_dir.");
+ABSL_FLAG(int, watch_stable_polls, 1,
+          "Scans a checkpoint's files must stay unchanged (names, sizes, mtimes) before it is "
+          "read.");
+ABSL_FLAG(std::string, watch_marker, "",
+          "If set, only checkpoints holding a file of this name (written last by the trainer) "
+          "are read.");
+ABSL_FLAG(std::string, baseline_drafter, "",
+          "A reference drafter scored once on the eval sets as run \"baseline\", step 0.");
+ABSL_FLAG(std::string, upload_dir, "",
+          "Where SubmitDrafter stores uploaded checkpoints (default <cache_dir>/uploads).");
+ABSL_FLAG(int64_t, max_upload_bytes, int64_t{8} << 30, "SubmitDrafter: bytes per upload at most.");
 
 namespace {
 
@@ -79,6 +131,41 @@ std::string DefaultCacheDir() {
   return "";
 }
 
+absl::StatusOr<specwire::ContinuousEvalConfig> ContinuousEvalConfigFromFlags(
+    const specwire::ScoreRunnerOptions& ro) {
+  using namespace specwire;
+  ContinuousEvalConfig c;
+  SW_ASSIGN_OR_RETURN(c.eval_sets, ParseEvalSets(absl::GetFlag(FLAGS_eval_sets)));
+  c.evaluator.max_prompts = absl::GetFlag(FLAGS_eval_max_prompts);
+  c.evaluator.max_new_tokens = absl::GetFlag(FLAGS_eval_max_new_tokens);
+  c.evaluator.ddtree_budgets.clear();
+  for (absl::string_view b :
+       absl::StrSplit(absl::GetFlag(FLAGS_eval_ddtree), ',', absl::SkipWhitespace())) {
+    int32_t v;
+    if (!absl::SimpleAtoi(b, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--eval_ddtree: \"", std::string(b), "\" is not an integer"));
+    }
+    c.evaluator.ddtree_budgets.push_back(v);
+  }
+  c.evaluator.log = ro.log;
+  const std::string base = ro.cache_dir.empty() ? "." : ro.cache_dir;
+  c.db_path = absl::GetFlag(FLAGS_eval_db);
+  if (c.db_path.empty()) c.db_path = absl::StrCat(base, "/eval.sqlite");
+  c.watch_dir = absl::GetFlag(FLAGS_watch_dir);
+  c.watch.run = absl::GetFlag(FLAGS_watch_run);
+  if (!c.watch.run.empty()) SW_RETURN_IF_ERROR(ValidateRunName(c.watch.run, "--watch_run"));
+  c.watch.stable_polls = std::max(1, absl::GetFlag(FLAGS_watch_stable_polls));
+  c.watch.marker = absl::GetFlag(FLAGS_watch_marker);
+  c.poll_seconds = std::max(0.05, absl::GetFlag(FLAGS_watch_poll_seconds));
+  c.baseline_drafter = absl::GetFlag(FLAGS_baseline_drafter);
+  c.submit.upload_dir = absl::GetFlag(FLAGS_upload_dir);
+  if (c.submit.upload_dir.empty()) c.submit.upload_dir = absl::StrCat(base, "/uploads");
+  c.submit.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  c.limits = ro;
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,11 +177,16 @@ int main(int argc, char** argv) {
   // --help lists this file's flags (absl would otherwise match files by the program's name).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("scorer_main") != absl::string_view::npos;
+    return file.find("scorer_main") != absl::string_view::npos || IsSharedServerFlagsFile(file);
   };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_extractor).empty()) return Fail("--extractor is required (see --help)");
+  // Certificates and the token are read before the slow start-up work, so that a wrong path
+  // fails at once.
+  const ServerSecurityOptions security = ServerSecurityFromFlags();
+  auto credentials = MakeServerCredentials(security);
+  if (!credentials.ok()) return Fail(credentials.status().ToString());
 
   TorchScorerOptions to;
   to.dtype = absl::GetFlag(FLAGS_dtype);
@@ -105,6 +197,17 @@ int main(int argc, char** argv) {
 
   ExtractorClientOptions co;
   co.timeout_seconds = absl::GetFlag(FLAGS_extractor_timeout);
+  ClientSecurityFiles extractor_security;
+  extractor_security.tls = absl::GetFlag(FLAGS_extractor_tls);
+  extractor_security.ca_file = absl::GetFlag(FLAGS_extractor_tls_ca);
+  extractor_security.cert_file = absl::GetFlag(FLAGS_extractor_tls_client_cert);
+  extractor_security.key_file = absl::GetFlag(FLAGS_extractor_tls_client_key);
+  extractor_security.server_name = absl::GetFlag(FLAGS_extractor_tls_server_name);
+  extractor_security.token_file = absl::GetFlag(FLAGS_extractor_auth_token_file);
+  extractor_security.flag_prefix = "--extractor_";
+  auto client_security = LoadClientSecurity(extractor_security);
+  if (!client_security.ok()) return Fail(client_security.status().ToString());
+  co.security = *std::move(client_security);
   auto pool = ExtractorPool::Create(absl::GetFlag(FLAGS_extractor), co);
   if (!pool.ok()) return Fail(pool.status().ToString());
 
@@ -128,6 +231,8 @@ int main(int argc, char** argv) {
   ro.max_ddtree_budget = absl::GetFlag(FLAGS_max_ddtree_budget);
   ro.max_ddtree_budgets = absl::GetFlag(FLAGS_max_ddtree_budgets);
   ro.data_root = absl::GetFlag(FLAGS_data_root);
+  ro.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_extractor_attempts));
+  ro.results_dir = absl::GetFlag(FLAGS_results_dir);
   auto log_mu = std::make_shared<std::mutex>();
   ro.log = [log_mu](const std::string& line) {
     std::lock_guard<std::mutex> lock(*log_mu);
@@ -149,13 +254,24 @@ int main(int argc, char** argv) {
 
   ScoreWorker worker(&runner, absl::GetFlag(FLAGS_max_queue), &metrics);
   ScorerService service(&worker, &metrics, ro);
+  std::unique_ptr<ContinuousEval> eval;
+  if (!absl::GetFlag(FLAGS_eval_sets).empty()) {
+    auto c = ContinuousEvalConfigFromFlags(ro);
+    if (!c.ok()) return Fail(c.status().ToString());
+    auto started = ContinuousEval::Start(*std::move(c), &worker, &metrics);
+    if (!started.ok()) return Fail(started.status().ToString());
+    eval = *std::move(started);
+  } else if (!absl::GetFlag(FLAGS_watch_dir).empty()) {
+    return Fail("--watch_dir needs --eval_sets (the eval sets to score checkpoints on)");
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.RegisterService(&service);
+  if (eval) builder.RegisterService(eval->service());
   builder.SetMaxReceiveMessageSize(256 << 20);  // inline prompts
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -167,7 +283,7 @@ int main(int argc, char** argv) {
   std::cout << "specwire-scorer: serving against extractor " << absl::GetFlag(FLAGS_extractor)
             << " (drafter " << to.dtype << " on " << to.device << ") on port " << port
             << (exposer ? absl::StrCat(", metrics on ", absl::GetFlag(FLAGS_metrics_listen)) : "")
-            << std::endl;
+            << " [" << DescribeServerSecurity(security) << "]" << std::endl;
 
   signal(SIGTERM, OnSignal);
   signal(SIGINT, OnSignal);
@@ -176,8 +292,10 @@ int main(int argc, char** argv) {
   std::cout << "specwire-scorer: draining" << std::endl;
   server->GetHealthCheckService()->SetServingStatus(false);
   // Jobs first: a stream finishes only when its job ends, and Shutdown waits for the streams.
+  if (eval) eval->RequestStop();
   worker.Drain(absl::GetFlag(FLAGS_drain_seconds));
   worker.Shutdown();
+  if (eval) eval->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   std::cout << "specwire-scorer: stopped" << std::endl;
   return 0;

@@ -164,6 +164,7 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
   s.labels.method = r.method_label();
   s.add_special_tokens = r.add_special_tokens();
   s.max_prompts = r.max_prompts();
+  s.job_id = r.job_id();
   return s;
 }
 
@@ -185,6 +186,7 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
   out->set_method_label(s.labels.method);
   out->set_add_special_tokens(s.add_special_tokens);
   out->set_max_prompts(static_cast<uint32_t>(s.max_prompts));
+  out->set_job_id(s.job_id);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -330,8 +332,12 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
   };
   job->events.on_prompt = [r, state, metrics](const PromptScore& s) {
     const auto now = std::chrono::steady_clock::now();
-    metrics->PromptScored(state->labels, s.acceptance, state->block_size,
-                          std::chrono::duration<double>(now - state->last).count());
+    // A result read back from the journal was counted when it was scored (maybe by an earlier
+    // process, whose counters Prometheus already has): counting it again would double it.
+    if (!s.resumed) {
+      metrics->PromptScored(state->labels, s.acceptance, state->block_size,
+                            std::chrono::duration<double>(now - state->last).count());
+    }
     state->last = now;
     v1::ScoreResponse m;
     PromptScoreToProto(s, m.mutable_result());

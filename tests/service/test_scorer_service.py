@@ -15,12 +15,8 @@ specwire-scorer, specwire-score, specwire-replay. Run time: about half a minute 
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -31,85 +27,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import save_file
 
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2 as spb
-from specwire_client._generated.proto.specwire.v1 import scorer_pb2_grpc as spb_grpc
 
 pytest.importorskip("dflash", reason="the trained drafter comes from dflash's model code")
 import dflash_fixtures as F  # noqa: E402  (tests/parity, on sys.path via extractor_harness)
+from scorer_harness import THREADS, ScorerServer, scorer_binary  # noqa: E402
 
 BLOCK = 8
 PROMPT_LEN = 8
 MAX_NEW_TOKENS = 24
 DDTREE = [4, 32]
 TARGET_LAYER_IDS = [1, 2]  # 2 = L - 1: dflash reads hidden_states[3], the final-norm tap
-THREADS = "1"
-
-
-def scorer_binary(name: str) -> Path:
-    exe = build_dir() / "services" / "scorer" / name
-    if not exe.exists():
-        pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR; `cmake --build <dir> --target "
-                    f"specwire-scorer specwire-score specwire-replay`)", pytrace=False)
-    return exe
-
-
-class ScorerServer:
-    """One specwire-scorer process (gRPC port chosen by the server, metrics port picked free),
-    stopped by PID."""
-
-    def __init__(self, extractors: str, log_dir: Path, cache_dir: Path) -> None:
-        self.extractors = extractors
-        self.log_path = log_dir / "scorer.log"
-        self.cache_dir = cache_dir
-        self.metrics_port = free_port()
-        self.port = 0
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> "ScorerServer":
-        cmd = [str(scorer_binary("specwire-scorer")), f"--extractor={self.extractors}",
-               "--listen=127.0.0.1:0", f"--metrics_listen=127.0.0.1:{self.metrics_port}",
-               "--dtype=float32", f"--threads={THREADS}", f"--cache_dir={self.cache_dir}"]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"serving .* on port (\d+)", self.log())
-            if m:
-                self.port = int(m.group(1))
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{' '.join(cmd)} did not start:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=5) as r:
-            return r.read().decode()
-
-    def stub(self) -> spb_grpc.ScorerStub:
-        return spb_grpc.ScorerStub(grpc.insecure_channel(self.address))
 
 
 def write_zlab_drafter(out: Path, *, hidden: int, vocab: int, num_target_layers: int,
@@ -178,7 +105,7 @@ def pair(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def extractors(server_factory, pair) -> list:
-    return [server_factory(pair["target"], dtype="float32", metrics=False) for _ in range(2)]
+    return [server_factory(pair["target"], dtype="float32") for _ in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -357,9 +284,24 @@ def test_reports_through_a_scorer_and_in_process_with_two_extractors(
     # A second scorer over both extractors, sharing the first one's target-head cache.
     both = ",".join(e.address for e in extractors)
     two_scorer = ScorerServer(both, tmp_path_factory.mktemp("scorer2"), cache_dir).start()
+
+    def generates() -> list[float]:
+        return [metric_value(e.metrics(), "specwire_extractor_requests_total", method="Generate",
+                             code="OK") for e in extractors]
+
     try:
+        before = generates()
         specwire_score([f"--scorer={two_scorer.address}", *common,
                         f"--json_out={tmp_path / 'two.json'}"])
+        # The job's prompts (one Generate each) were spread over both extractors (a server
+        # counts a call once its stream is done, just after the client saw the end).
+        deadline = time.monotonic() + 10
+        while True:
+            moved = [a - b for a, b in zip(generates(), before)]
+            if sum(moved) >= len(pair["prompts"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert sum(moved) == len(pair["prompts"]) and min(moved) >= 1, moved
         assert "target head from the cache" in two_scorer.log()
         assert "fetched" not in two_scorer.log()
     finally:

@@ -7,6 +7,8 @@
     Contract, ContractExpectation
                       the extraction contract and the checks a consumer makes against it
     ExtractorError    every error (ContractMismatch, IncompleteStream, CorruptStream below it)
+    ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
+                      uploads a drafter checkpoint and returns its scores (CheckpointScores)
 
 State names: "layer.k" is the output of decoder layer k = transformers' hidden_states[k + 1];
 "embedding" = hidden_states[0]; "final_norm" = hidden_states[num_layers].
@@ -19,10 +21,13 @@ from .contract import Contract, ContractExpectation, SkippedTensors
 from .crc32c import crc32c
 from .dataset import FeatureDataset
 from .errors import ContractMismatch, CorruptStream, ExtractorError, IncompleteStream
+from .scorer import CheckpointScores, DatasetScore, ScorerClient, ScorerError
+from .security import ChannelSecurity
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointScores", "DatasetScore", "ScorerClient", "ScorerError", "ChannelSecurity",
     "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
     "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "SequenceStates",
     "SkippedTensors", "StreamResult", "channel_target", "crc32c", "extractor_pb2",

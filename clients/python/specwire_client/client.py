@@ -26,6 +26,7 @@ from ._stubs import pb, pb_grpc
 from .contract import Contract, ContractExpectation
 from .crc32c import crc32c
 from .errors import CorruptStream, ExtractorError, IncompleteStream
+from .security import ChannelSecurity, PemLike, make_channel
 
 try:
     import xxhash as _xxhash
@@ -49,9 +50,9 @@ _DTYPES = {
 DEFAULT_OPTIONS: dict[str, Any] = {
     "grpc.max_receive_message_length": 256 << 20,
     "grpc.max_send_message_length": 64 << 20,
-    # Reconnect soon after a restarted server comes back (gRPC's default starts at 1 s).
+    # Reconnect soon after a restarted server comes back (gRPC's default starts at 1 s). Not
+    # grpc.min_reconnect_backoff_ms: gRPC also uses it as each connection attempt's timeout.
     "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 2000,
 }
 
@@ -175,10 +176,20 @@ class ExtractorClient:
     timeout: default deadline of every call in seconds (None: none); each method takes
         `timeout=` to override it.
     options: gRPC channel options added to (and overriding) DEFAULT_OPTIONS.
+    tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name: TLS (on when tls or a CA or
+        client certificate is given; PEM paths or bytes; no CA: the system roots), mTLS with a
+        client certificate + key, and the name to check the server's certificate against.
+    token / token_file: bearer token sent with every call; neither: $SPECWIRE_AUTH_TOKEN, else
+        the file named by $SPECWIRE_AUTH_TOKEN_FILE, else none.
+    security: a ready ChannelSecurity instead of the keywords above.
     """
 
     def __init__(self, target: Target, *, timeout: float | None = None,
-                 options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None) -> None:
+                 options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+                 tls: bool = False, tls_ca: PemLike = None, tls_client_cert: PemLike = None,
+                 tls_client_key: PemLike = None, tls_server_name: str | None = None,
+                 token: str | None = None, token_file: Any = None,
+                 security: ChannelSecurity | None = None) -> None:
         self.target, balanced = channel_target(target)
         self.timeout = timeout
         opts = dict(DEFAULT_OPTIONS)
@@ -186,7 +197,13 @@ class ExtractorClient:
             opts["grpc.lb_policy_name"] = "round_robin"
         opts.update(dict(options.items() if isinstance(options, Mapping) else options or ()))
         self.options = opts
-        self._channel = grpc.insecure_channel(self.target, options=list(opts.items()))
+        if security is None:
+            security = ChannelSecurity.resolve(
+                tls=tls, tls_ca=tls_ca, tls_client_cert=tls_client_cert,
+                tls_client_key=tls_client_key, tls_server_name=tls_server_name, token=token,
+                token_file=token_file)
+        self.security = security
+        self._channel = make_channel(self.target, list(opts.items()), security)
         self.stub = pb_grpc.ExtractorStub(self._channel)  # the raw API
 
     # --- lifecycle ---------------------------------------------------------------------------

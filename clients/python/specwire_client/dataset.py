@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .client import ExtractorClient, StreamResult, Target
 from .contract import ContractExpectation
 from .errors import ExtractorError, IncompleteStream
+from .security import ChannelSecurity
 
 # A dataset item: a list of token ids, a 1-D tensor, or a dict with "input_ids" (whose other keys
 # pass through to the features).
@@ -66,6 +67,9 @@ class FeatureDataset(IterableDataset):
         num_layers, hidden_size, vocab_size, weights_digest) as the first one, so a server that
         is restarted on another checkpoint mid-epoch raises ContractMismatch.
     timeout: deadline of each request in seconds.
+    security: TLS / client certificate / bearer token of every connection, reconnects included
+        (a ChannelSecurity, e.g. ChannelSecurity.resolve(tls_ca=..., token_file=...)); None:
+        plaintext, with the token from $SPECWIRE_AUTH_TOKEN(_FILE) when set.
     """
 
     def __init__(self, target: Target | None, sequences: Iterable[Item],
@@ -77,6 +81,7 @@ class FeatureDataset(IterableDataset):
                  expect: ContractExpectation | None = None, pin_contract: bool = True,
                  timeout: float | None = None, max_chunk_bytes: int | None = None,
                  client_options: Mapping[str, Any] | None = None,
+                 security: ChannelSecurity | None = None,
                  client_factory: Callable[[], ExtractorClient] | None = None) -> None:
         super().__init__()
         if target is None and client_factory is None:
@@ -99,6 +104,7 @@ class FeatureDataset(IterableDataset):
         self.retry_codes = frozenset(retry_codes)
         self.expect = expect
         self.pin_contract = pin_contract
+        self.security = security
         self.timeout = timeout
         self.max_chunk_bytes = max_chunk_bytes
         self.client_options = dict(client_options or {})
@@ -176,7 +182,8 @@ class FeatureDataset(IterableDataset):
     def _make_client(self) -> ExtractorClient:
         if self.client_factory is not None:
             return self.client_factory()
-        return ExtractorClient(self.target, timeout=self.timeout, options=self.client_options)
+        return ExtractorClient(self.target, timeout=self.timeout, options=self.client_options,
+                               security=self.security)
 
     def _retryable(self, e: ExtractorError) -> bool:
         if e.code in self.retry_codes:
