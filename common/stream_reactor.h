@@ -26,6 +26,17 @@
 
 namespace specwire {
 
+// The call's deadline on the steady clock (gRPC gives it on the system clock); max() for none.
+inline std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  const auto left = deadline - std::chrono::system_clock::now();
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+}
+
 template <class Response>
 class StreamReactor : public grpc::ServerWriteReactor<Response> {
  public:

@@ -38,16 +38,6 @@ v1::Tap ToProtoTap(StateTap t) {
   return v1::TAP_LAYER_OUTPUT;
 }
 
-std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
-  const auto deadline = ctx->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) {
-    return std::chrono::steady_clock::time_point::max();
-  }
-  const auto left = deadline - std::chrono::system_clock::now();
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
-}
-
 // Emits, lazily, the SequenceInfo and HiddenStateChunk messages of a list of host states: one
 // SequenceInfo before the first state of each sequence, then the state's chunks in row order.
 // Holds the states (and so the engine's buffers) until the stream has written them.

@@ -278,20 +278,6 @@ void ScoreWorker::Shutdown() {
 // ---------------------------------------------------------------------------------------------
 // The stream
 
-namespace {
-
-std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
-  const auto deadline = ctx->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) {
-    return std::chrono::steady_clock::time_point::max();
-  }
-  const auto left = deadline - std::chrono::system_clock::now();
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
-}
-
-}  // namespace
-
 ScorerService::ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreRunnerOptions limits)
     : worker_(worker), metrics_(metrics), limits_(std::move(limits)) {}
 

@@ -47,6 +47,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_server(cmd: list[str], log_path: Path, timeout: float) -> tuple[subprocess.Popen, int]:
+    """Starts a specwire server with its output in log_path and waits for its "serving ... on
+    port N" line; returns the process and N. If it exits or times out first, it is killed (by
+    PID) and reaped, and RuntimeError carries the log."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"serving .* on port (\d+)", log_path.read_text(errors="replace"))
+        if m:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    raise RuntimeError(f"{' '.join(cmd)} did not start:\n{log_path.read_text(errors='replace')}")
+
+
 class ExtractorServer:
     """One specwire-extractor process. The gRPC port is chosen by the server the first time
     (listen on port 0) and kept for restarts; the metrics port is picked free here."""
@@ -84,20 +105,8 @@ class ExtractorServer:
                # their own value after it (the last flag wins).
                "--max_new_tokens=100000",
                *self.args]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"serving .* on port (\d+)", self.log())
-            if m:
-                self.port = int(m.group(1))
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"{' '.join(cmd)} did not start:\n{self.log()}")
+        self.proc, self.port = launch_server(cmd, self.log_path, timeout)
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

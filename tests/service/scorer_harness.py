@@ -3,16 +3,14 @@ server-chosen port, restartable on that port, stopped by PID; plus the scorer bi
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-from extractor_harness import build_dir, free_port
+from extractor_harness import build_dir, free_port, launch_server
 
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2_grpc as spb_grpc
 
@@ -56,20 +54,8 @@ class ScorerServer:
                f"--threads={THREADS}", f"--cache_dir={self.cache_dir}", *self.args]
         if self.results_dir is not None:
             cmd.append(f"--results_dir={self.results_dir}")
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"serving .* on port (\d+)", self.log())
-            if m:
-                self.port = int(m.group(1))
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{' '.join(cmd)} did not start:\n{self.log()}")
+        self.proc, self.port = launch_server(cmd, self.log_path, timeout)
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from extractor_harness import build_dir, free_port, make_tokenizer_json, metric_value
+from extractor_harness import make_tokenizer_json, metric_value
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import save_file
 
