@@ -769,12 +769,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ScoreRunner::ResolvePrompts(
   std::vector<InputSequence> inputs;
   std::string field = "prompts";
   if (!spec.dataset_path.empty()) {
-    SW_ASSIGN_OR_RETURN(inputs, ReadPromptDataset(spec.dataset_path, spec.max_prompts));
+    // Reading stops one prompt past the limit: a huge file is refused without being held.
+    const int64_t read_at_most =
+        spec.max_prompts > 0 ? spec.max_prompts : options_.max_prompts + 1;
+    SW_ASSIGN_OR_RETURN(inputs, ReadPromptDataset(spec.dataset_path, read_at_most));
     field = absl::StrCat("dataset ", spec.dataset_path, " prompt");
     if (static_cast<int64_t>(inputs.size()) > options_.max_prompts) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "dataset ", spec.dataset_path, ": ", inputs.size(), " prompts exceed the limit of ",
-          options_.max_prompts, " (--max_prompts; or set max_prompts)"));
+          "dataset ", spec.dataset_path, ": more than ", options_.max_prompts,
+          " prompts, the limit (--max_prompts; or set max_prompts)"));
     }
   } else {
     inputs = spec.prompts;

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "services/scorer/scorer_test_fakes.h"
 
 namespace specwire {
@@ -15,7 +18,8 @@ using testing::FakeDrafter;
 using testing::FakeEndpoint;
 
 struct Harness {
-  explicit Harness(int64_t max_queue = 4, int delay_ms = 0, DrafterSpec drafter = FakeDrafter())
+  explicit Harness(int64_t max_queue = 4, int delay_ms = 0, DrafterSpec drafter = FakeDrafter(),
+                   ScoreRunnerOptions options = ScoreRunnerOptions())
       : backend(std::move(drafter)) {
     std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
     auto e = std::make_unique<FakeEndpoint>("fake:1");
@@ -23,9 +27,9 @@ struct Harness {
     endpoint = e.get();
     eps.push_back(std::move(e));
     pool = ExtractorPool::FromEndpoints(std::move(eps));
-    runner = std::make_unique<ScoreRunner>(&backend, pool.get(), ScoreRunnerOptions());
+    runner = std::make_unique<ScoreRunner>(&backend, pool.get(), options);
     worker = std::make_unique<ScoreWorker>(runner.get(), max_queue, &metrics);
-    service = std::make_unique<ScorerService>(worker.get(), &metrics, ScoreRunnerOptions());
+    service = std::make_unique<ScorerService>(worker.get(), &metrics, options);
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -177,6 +181,32 @@ TEST(ScorerService, InvalidRequests) {
   auto s = h.Score(r);
   EXPECT_EQ(s.status.error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_NE(s.status.error_message().find("ddtree_budgets[1]"), std::string::npos);
+}
+
+// A dataset longer than --max_prompts is refused after reading one prompt past the limit: the
+// malformed line further down is never reached.
+TEST(ScorerService, DatasetOverThePromptLimitIsRefusedWithoutReadingItAll) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "dataset_limit";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "long.jsonl").string();
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 5; ++i) f << "{\"input_ids\": [1, 2, " << i << "]}\n";
+    f << "this line is not JSON\n";
+  }
+  ScoreRunnerOptions options;
+  options.max_prompts = 3;
+  Harness h(4, 0, FakeDrafter(), options);
+  v1::ScoreRequest r = Request();
+  r.clear_prompts();
+  r.set_dataset_path(path);
+  auto s = h.Score(r);
+  EXPECT_EQ(s.status.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_NE(s.status.error_message().find("more than 3 prompts"), std::string::npos)
+      << s.status.error_message();
+  r.set_max_prompts(2);  // the request's own cap: the first two only
+  auto ok = h.Score(r);
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
 }
 
 TEST(ScorerService, QueueFullIsResourceExhausted) {
