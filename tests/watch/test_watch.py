@@ -1,8 +1,8 @@
 """Continuous evaluation: a real specwire-extractor, a specwire-scorer watching a directory with
 two eval sets, a real Prometheus server scraping it every second, and the push-mode client.
 
-A tiny random target (tests/parity/dflash_fixtures) and one DFlash drafter trained in stages:
-its checkpoints after 2, 10 and 30 training steps are written into the watched directory one
+The tiny trained target (models/tiny-qwen3) and one DFlash drafter trained against it in stages:
+its checkpoints after 4, 20 and 80 training steps are written into the watched directory one
 after another, each file in pieces as a trainer writes it. Checked:
   - each checkpoint is scored exactly once per eval set (results database, the scorer's
     counters and log), the baseline drafter once, as run "baseline";
@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 from extractor_harness import (REPO, ExtractorServer, build_dir, free_port,  # noqa: E402
-                               make_tokenizer_json, metric_value)
+                               metric_value)
 
 pytest.importorskip("dflash", reason="the drafter comes from dflash's model code")
 import dflash_fixtures as F  # noqa: E402  (tests/parity, on sys.path via extractor_harness)
@@ -55,7 +55,7 @@ PROMPT_LEN = 8
 MAX_NEW_TOKENS = 24
 TARGET_LAYER_IDS = [1, 2]
 POLL = 0.25
-STAGES = [2, 8, 20]  # training steps added before each checkpoint: steps 2, 10, 30
+STAGES = [4, 16, 60]  # training steps added before each checkpoint: steps 4, 20, 80
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "specwire-training.json"
 RULES = REPO / "deploy" / "prometheus" / "rules" / "training.yml"
 
@@ -196,8 +196,9 @@ def setup(tmp_path_factory):
     # One thread: the machine's other core runs the servers (and small GEMMs gain nothing).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    target = F.make_target(root, overrides={"num_hidden_layers": 3})
-    make_tokenizer_json(target / "tokenizer.json")
+    # The committed tiny trained target (models/tiny-qwen3, with its tokenizer); the drafter is
+    # trained here in stages against it.
+    target = Path(shutil.copytree(REPO / "models" / "tiny-qwen3", root / "tiny-qwen3"))
     hf = F.hf_target(target)
     g = torch.Generator().manual_seed(0)
     seen = torch.randint(0, 500, (8, PROMPT_LEN), generator=g)
