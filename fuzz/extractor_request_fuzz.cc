@@ -14,7 +14,8 @@
 namespace specwire {
 namespace {
 
-// A backend with a fixed geometry; validation never runs the engine.
+// A backend with a fixed geometry. Validation must never run the engine: reaching one of its
+// operations is a finding.
 class FakeBackend final : public ExtractorBackend {
  public:
   explicit FakeBackend(int64_t vocab) : vocab_(vocab) {}
@@ -23,14 +24,17 @@ class FakeBackend final : public ExtractorBackend {
   int64_t num_layers() const override { return 6; }
   absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>&) override {
-    return absl::UnimplementedError("validation only");
+    FUZZ_CHECK(false, "validation ran ExtractBatch");
+    return absl::InternalError("unreachable");
   }
   absl::StatusOr<GenerateOutput> Generate(const GenerateWork&,
                                           const std::function<bool()>&) override {
-    return absl::UnimplementedError("validation only");
+    FUZZ_CHECK(false, "validation ran Generate");
+    return absl::InternalError("unreachable");
   }
   absl::StatusOr<TensorBytes> GetTensor(const std::string&) override {
-    return absl::UnimplementedError("validation only");
+    FUZZ_CHECK(false, "validation ran GetTensor");
+    return absl::InternalError("unreachable");
   }
 
  private:

@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "proto/convert.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
 
 namespace specwire {
@@ -27,18 +28,6 @@ absl::Status StreamError(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("stream: ", what));
 }
 
-v1::WireDType ToProto(DType d) {
-  switch (d) {
-    case DType::kBF16:
-      return v1::WIRE_DTYPE_BF16;
-    case DType::kF32:
-      return v1::WIRE_DTYPE_F32;
-    case DType::kF16:
-      return v1::WIRE_DTYPE_F16;
-  }
-  return v1::WIRE_DTYPE_UNSPECIFIED;
-}
-
 absl::StatusOr<DType> FromProto(v1::WireDType d) {
   switch (d) {
     case v1::WIRE_DTYPE_UNSPECIFIED:
@@ -51,29 +40,6 @@ absl::StatusOr<DType> FromProto(v1::WireDType d) {
     default:
       return StreamError(absl::StrCat("unknown dtype ", static_cast<int>(d)));
   }
-}
-
-ExtractionContract FromProto(const v1::ExtractionContract& p) {
-  ExtractionContract c;
-  c.architecture = p.architecture();
-  c.model_type = p.model_type();
-  c.source_layout = p.source_layout();
-  c.source_architecture = p.source_architecture();
-  c.weight_prefix = p.weight_prefix();
-  c.tensors_loaded = p.tensors_loaded();
-  c.tensors_skipped = p.tensors_skipped();
-  for (const auto& s : p.skipped()) c.skipped.push_back({s.prefix(), s.count(), s.reason()});
-  c.num_layers = p.num_layers();
-  c.hidden_size = p.hidden_size();
-  c.vocab_size = p.vocab_size();
-  c.layer_types.assign(p.layer_types().begin(), p.layer_types().end());
-  c.compute_dtype = p.compute_dtype();
-  c.devices.assign(p.devices().begin(), p.devices().end());
-  c.kernel_variant = p.kernel_variant();
-  c.weights_digest = p.weights_digest();
-  c.tokenizer_digest = p.tokenizer_digest();
-  c.specwire_version = p.specwire_version();
-  return c;
 }
 
 StreamTotals FromProto(const v1::StreamTrailer& t) {
@@ -324,7 +290,7 @@ absl::StatusOr<ExtractionContract> ExtractorClient::Info() {
   v1::ExtractionContract reply;
   grpc::Status s = rpc_->stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &reply);
   if (!s.ok()) return FromGrpcStatus(s);
-  return FromProto(reply);
+  return ContractFromProto(reply);
 }
 
 absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& params) {
@@ -342,7 +308,7 @@ absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& param
   v1::ExtractRequest req;
   for (const auto& in : params.sequences) ToProto(in, req.add_sequences());
   ToProto(params.states, req.mutable_layers());
-  req.set_dtype(ToProto(params.dtype));
+  req.set_dtype(WireDTypeToProto(params.dtype));
   req.set_max_chunk_bytes(params.max_chunk_bytes);
   req.set_request_id(params.request_id);
   req.set_add_special_tokens(params.add_special_tokens);
@@ -364,7 +330,7 @@ absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& param
       switch (msg.message_case()) {
         case v1::ExtractResponse::kContract:
           if (states) return StreamError("second contract");
-          reply.contract = FromProto(msg.contract());
+          reply.contract = ContractFromProto(msg.contract());
           states = std::make_unique<StateCollector>(on_state, reply.contract.hidden_size);
           break;
         case v1::ExtractResponse::kSequence: {
@@ -402,7 +368,7 @@ absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& pa
   for (int64_t id : params.stop_token_ids) req.add_stop_token_ids(static_cast<int32_t>(id));
   req.set_ignore_model_eos(params.ignore_model_eos);
   ToProto(params.states, req.mutable_layers());
-  req.set_dtype(ToProto(params.dtype));
+  req.set_dtype(WireDTypeToProto(params.dtype));
   req.set_max_chunk_bytes(params.max_chunk_bytes);
   req.set_request_id(params.request_id);
   req.set_add_special_tokens(params.add_special_tokens);
@@ -428,7 +394,7 @@ absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& pa
       switch (msg.message_case()) {
         case v1::GenerateResponse::kContract:
           if (states) return StreamError("second contract");
-          reply.contract = FromProto(msg.contract());
+          reply.contract = ContractFromProto(msg.contract());
           states = std::make_unique<StateCollector>(keep, reply.contract.hidden_size);
           break;
         case v1::GenerateResponse::kCompletion: {

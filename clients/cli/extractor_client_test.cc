@@ -77,7 +77,7 @@ class ScriptedExtractor final : public v1::Extractor::Service {
 
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
                             v1::ExtractionContract* out) override {
-    ExtractorService::ContractToProto(TinyContract(), out);
+    ContractToProto(TinyContract(), out);
     return status;
   }
   grpc::Status Extract(grpc::ServerContext*, const v1::ExtractRequest*,
@@ -123,7 +123,7 @@ class ScriptedTest : public ::testing::Test {
  protected:
   ScriptedTest() {
     v1::ExtractResponse m;
-    ExtractorService::ContractToProto(TinyContract(), m.mutable_contract());
+    ContractToProto(TinyContract(), m.mutable_contract());
     service_.extract.push_back(m);
   }
   void Sequence(uint32_t seq, std::vector<int32_t> ids) {
@@ -272,7 +272,7 @@ TEST_F(ScriptedTest, SinkErrorCancelsTheCall) {
 TEST(ExtractorClientTest, GenerateStatesCoverPromptAndCompletion) {
   ScriptedExtractor service;
   v1::GenerateResponse m;
-  ExtractorService::ContractToProto(TinyContract(), m.mutable_contract());
+  ContractToProto(TinyContract(), m.mutable_contract());
   service.generate.push_back(m);
   m.Clear();
   auto* c = m.mutable_completion();

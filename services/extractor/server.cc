@@ -14,18 +14,6 @@
 namespace specwire {
 namespace {
 
-v1::WireDType ToProtoDType(DType d) {
-  switch (d) {
-    case DType::kBF16:
-      return v1::WIRE_DTYPE_BF16;
-    case DType::kF32:
-      return v1::WIRE_DTYPE_F32;
-    case DType::kF16:
-      return v1::WIRE_DTYPE_F16;
-  }
-  return v1::WIRE_DTYPE_UNSPECIFIED;
-}
-
 v1::Tap ToProtoTap(StateTap t) {
   switch (t) {
     case StateTap::kEmbedding:
@@ -76,7 +64,7 @@ class ChunkProducer {
         chunk->set_token_count(static_cast<uint32_t>(c.row_count));
         chunk->set_sequence_length(static_cast<uint32_t>(s.rows));
         chunk->set_hidden_size(static_cast<uint32_t>(s.hidden));
-        chunk->set_dtype(ToProtoDType(s.dtype));
+        chunk->set_dtype(WireDTypeToProto(s.dtype));
         chunk->set_data(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
         chunk->set_crc32c(Crc32c(c.bytes));
         ++chunks_;
@@ -119,32 +107,6 @@ ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* schedul
       tokenizer_(tokenizer),
       metrics_(metrics),
       limits_(limits) {}
-
-void ExtractorService::ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
-  out->set_architecture(c.architecture);
-  out->set_model_type(c.model_type);
-  out->set_source_layout(c.source_layout);
-  out->set_source_architecture(c.source_architecture);
-  out->set_weight_prefix(c.weight_prefix);
-  out->set_tensors_loaded(c.tensors_loaded);
-  out->set_tensors_skipped(c.tensors_skipped);
-  for (const auto& s : c.skipped) {
-    auto* p = out->add_skipped();
-    p->set_prefix(s.prefix);
-    p->set_count(s.count);
-    p->set_reason(s.reason);
-  }
-  out->set_num_layers(static_cast<int32_t>(c.num_layers));
-  out->set_hidden_size(static_cast<int32_t>(c.hidden_size));
-  out->set_vocab_size(static_cast<int32_t>(c.vocab_size));
-  for (const auto& t : c.layer_types) out->add_layer_types(t);
-  out->set_compute_dtype(c.compute_dtype);
-  for (const auto& d : c.devices) out->add_devices(d);
-  out->set_kernel_variant(c.kernel_variant);
-  out->set_weights_digest(c.weights_digest);
-  out->set_tokenizer_digest(c.tokenizer_digest);
-  out->set_specwire_version(c.specwire_version);
-}
 
 std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method) {
   return [this, method](const std::string& code, double seconds) {
@@ -611,7 +573,7 @@ grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
         auto piece = t.bytes.subspan(offset, n);
         m->set_name(t.name);
         for (int64_t d : t.shape) m->add_shape(d);
-        m->set_dtype(ToProtoDType(t.dtype));
+        m->set_dtype(WireDTypeToProto(t.dtype));
         m->set_offset(offset);
         m->set_total_bytes(t.bytes.size());
         m->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());

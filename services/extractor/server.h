@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 
+#include "proto/convert.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
@@ -53,8 +54,6 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   absl::StatusOr<ExtractWork> ValidateExtract(const v1::ExtractRequest& request) const;
   absl::StatusOr<GenerateWork> ValidateGenerate(const v1::GenerateRequest& request) const;
 
-  // Plain → proto, shared with tests and clients.
-  static void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out);
 
   // Streams currently open (for the concurrency limit).
   int64_t active_streams() const { return active_streams_.load(); }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "proto/convert.h"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
 #include "services/scorer/metrics.h"
 #include "services/scorer/score_job.h"
@@ -74,9 +75,8 @@ class ScorerService final : public v1::Scorer::CallbackService {
   ScoreRunnerOptions limits_;
 };
 
-// Conversions between the plain job types and the proto (the server, the CLI, tests).
-void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out);
-ExtractionContract ContractFromProto(const v1::ExtractionContract& p);
+// Conversions between the plain job types and the proto (the server, the CLI, tests); the
+// contract's are in proto/convert.h.
 void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out);
 PromptScore PromptScoreFromProto(const v1::PromptResult& p);
 void ProgressToProto(const ScoreProgress& p, v1::Progress* out);

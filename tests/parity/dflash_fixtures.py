@@ -332,6 +332,15 @@ def train_drafter(drafter: DFlashDraftModel, target, sequences: list[list[int]],
 
 
 @torch.inference_mode()
+def hf_trajectories(target, prompts: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy generate of a [N, T] batch of prompts, exactly max_new_tokens each
+    (no stop token): the trajectories a drafter is trained on."""
+    return target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                           max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                           eos_token_id=None, pad_token_id=0).tolist()
+
+
+@torch.inference_mode()
 def greedy_batch(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy trajectories (prompt + completion, no stop token) of equal-length prompts, batched."""
     ids = torch.tensor(prompts)

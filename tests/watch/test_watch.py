@@ -202,10 +202,7 @@ def setup(tmp_path_factory):
     hf = F.hf_target(target)
     g = torch.Generator().manual_seed(0)
     seen = torch.randint(0, 500, (8, PROMPT_LEN), generator=g)
-    with torch.no_grad():
-        sequences = hf.generate(seen, attention_mask=torch.ones_like(seen), do_sample=False,
-                                max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
-                                eos_token_id=None, pad_token_id=0).tolist()
+    sequences = F.hf_trajectories(hf, seen, MAX_NEW_TOKENS)
     cfg = F.drafter_config(hf.config, block_size=BLOCK, target_layer_ids=TARGET_LAYER_IDS,
                            layer_types=["sliding_attention", "full_attention"], sliding_window=12)
     drafter = F.new_drafter(cfg, seed=1, perturb=False)
