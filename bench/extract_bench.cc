@@ -4,21 +4,68 @@
 // (bench/extract_vs_hf.py) can interleave it with transformers on the same machine and compare
 // medians. Capture is every decoder layer plus the final-norm tap, the same work as
 // transformers' output_hidden_states=True.
+//
+// With --gemm, each repetition also times the forward's projection GEMMs alone (every linear
+// layer of every decoder layer at the forward's shapes, dtype and threads, on weights of the same
+// shapes), back to back with the forward: GEMM time / forward time is how close the forward is to
+// the machine's GEMM rate (extract_vs_gemm_ratio; 1.0 is the limit).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 #include "services/extractor/engine.h"
 
+ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
+ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
+ABSL_FLAG(std::string, device_map, "cpu",
+          "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
+ABSL_FLAG(std::string, layers, "all",
+          "all (embedding, every layer, final norm) | none (final norm only) | 0,5,...");
+ABSL_FLAG(std::string, seq_lens, "512", "Sequence lengths to time, comma-separated.");
+ABSL_FLAG(int, batch, 1, "Sequences per forward.");
+ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
+ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
+ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
+ABSL_FLAG(std::string, batch_layout, "per_sequence",
+          "per_sequence (the extractor's default: each sequence its own forward) | padded.");
+ABSL_FLAG(bool, gemm, false, "Also time the forward's projection GEMMs alone (gemm_times_s).");
+
 namespace {
+
+// The [out_features, in_features] of every linear layer one decoder layer runs, as the forward
+// runs them (fused q|k|v and gate|up: common/models/llama.cc, qwen3_5.cc).
+std::vector<std::pair<int64_t, int64_t>> LayerGemms(const specwire::ModelConfig& c,
+                                                    specwire::LayerType type) {
+  using specwire::LayerType;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  std::vector<std::pair<int64_t, int64_t>> g;
+  if (type == LayerType::kLinearAttention) {
+    const int64_t key = c.linear_num_key_heads * c.linear_key_head_dim;
+    const int64_t value = c.linear_num_value_heads * c.linear_value_head_dim;
+    g.push_back({2 * key + 2 * value, H});           // in_proj_qkvz
+    g.push_back({2 * c.linear_num_value_heads, H});  // in_proj_ba
+    g.push_back({H, value});                         // out_proj
+  } else {
+    const int64_t q = c.num_heads * D * (c.attn_output_gate ? 2 : 1);
+    g.push_back({q + 2 * c.num_kv_heads * D, H});  // q (| gate) | k | v
+    g.push_back({H, c.num_heads * D});             // o_proj
+  }
+  g.push_back({2 * c.intermediate_size, H});  // gate | up
+  g.push_back({H, c.intermediate_size});      // down
+  return g;
+}
 
 int Fail(const std::string& msg) {
   std::cerr << "specwire-bench-extract: " << msg << "\n";
@@ -29,35 +76,23 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace specwire;
-  std::string model_dir, dtype_name = "float32", device = "cpu", layers = "all";
-  std::vector<int64_t> seq_lens = {512};
-  int reps = 3, warmup = 1, threads = 0, batch = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") model_dir = v;
-    else if (k == "--dtype") dtype_name = v;
-    else if (k == "--device-map") device = v;
-    else if (k == "--layers") layers = v;
-    else if (k == "--reps") reps = std::stoi(v);
-    else if (k == "--warmup") warmup = std::stoi(v);
-    else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--batch") batch = std::stoi(v);
-    else if (k == "--seq-lens") {
-      seq_lens.clear();
-      for (auto s : absl::StrSplit(v, ',')) {
-        int64_t n;
-        if (!absl::SimpleAtoi(s, &n)) return Fail("bad --seq-lens");
-        seq_lens.push_back(n);
-      }
-    } else {
-      return Fail("unknown flag " + k);
-    }
-  }
-  if (model_dir.empty()) {
-    std::cout << "usage: specwire-bench-extract --model DIR [--dtype float32|bfloat16] "
-                 "[--seq-lens 512,2048] [--reps 3] [--warmup 1] [--threads N] [--batch B] "
-                 "[--layers all|none|0,5] [--device-map cpu]\n";
-    return 2;
+  const std::vector<std::string> args = ParseCommandLineFlags(
+      argc, argv,
+      "specwire-bench-extract --model DIR [--dtype float32|bfloat16] [--seq_lens 512,2048] "
+      "[--reps 3] [--warmup 1] [--threads N] [--batch B] [--layers all|none|0,5] "
+      "[--device_map cpu] [--batch_layout per_sequence|padded] [--gemm]");
+  if (!args.empty()) return Fail("unexpected argument " + args[0]);
+  const std::string model_dir = absl::GetFlag(FLAGS_model), dtype_name = absl::GetFlag(FLAGS_dtype),
+                    device = absl::GetFlag(FLAGS_device_map), layers = absl::GetFlag(FLAGS_layers);
+  const int reps = absl::GetFlag(FLAGS_reps), warmup = absl::GetFlag(FLAGS_warmup),
+            threads = absl::GetFlag(FLAGS_threads), batch = absl::GetFlag(FLAGS_batch);
+  if (model_dir.empty()) return Fail("--model is required (see --help)");
+  if (reps < 1 || warmup < 0 || threads < 0 || batch < 1) return Fail("bad flag value");
+  std::vector<int64_t> seq_lens;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
+    int64_t n;
+    if (!absl::SimpleAtoi(s, &n) || n < 1) return Fail("bad --seq_lens");
+    seq_lens.push_back(n);
   }
   if (threads > 0) at::set_num_threads(threads);
   KeepFreedMemoryForReuse();  // as the extractor does
@@ -84,25 +119,72 @@ int main(int argc, char** argv) {
   } else {
     capture.final_norm = true;
   }
+  auto layout = ParseBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout");
+  if (!layout.ok()) return Fail(std::string(layout.status().message()));
+  const bool gemm = absl::GetFlag(FLAGS_gemm);
   const at::Device dev = (*engine)->model().input_device();
+  // Weights of every GEMM shape the layers use (values do not change the speed).
+  std::vector<std::vector<at::Tensor>> gemm_weights;
+  if (gemm) {
+    const auto opts = at::TensorOptions().dtype(*dtype).device(dev);
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      gemm_weights.emplace_back();
+      for (const auto& [out, in] : LayerGemms(cfg, cfg.layer_types[l])) {
+        gemm_weights.back().push_back(at::randn({out, in}, opts) * 0.02);
+      }
+    }
+  }
   for (int64_t T : seq_lens) {
     std::vector<std::vector<int64_t>> seqs(batch);
     for (int b = 0; b < batch; ++b) {
-      for (int64_t t = 0; t < T; ++t) seqs[b].push_back((t * 7919 + b * 104729 + 13) % cfg.vocab_size);
+      for (int64_t t = 0; t < T; ++t)
+        seqs[b].push_back((t * 7919 + b * 104729 + 13) % cfg.vocab_size);
     }
-    std::vector<double> times;
+    // The GEMMs' row counts: one call per sequence (per_sequence) or one for the padded batch.
+    const int64_t calls = *layout == BatchLayout::kPerSequence ? batch : 1;
+    std::map<int64_t, at::Tensor> inputs;  // by in_features: [rows, in]
+    for (const auto& layer : gemm_weights) {
+      for (const at::Tensor& w : layer) {
+        if (!inputs.count(w.size(1))) {
+          inputs[w.size(1)] = at::randn({(batch / calls) * T, w.size(1)},
+                                        at::TensorOptions().dtype(*dtype).device(dev));
+        }
+      }
+    }
+    std::vector<double> times, gemm_times;
     for (int r = 0; r < warmup + reps; ++r) {
       SynchronizeDevice(dev);
       auto t0 = std::chrono::steady_clock::now();
       // Hidden states stay in the compute dtype, copied to the host as a client would receive them.
-      auto out = (*engine)->Extract(seqs, capture, *dtype);
+      auto out = (*engine)->Extract(seqs, capture, *dtype, *layout);
       SynchronizeDevice(dev);
       auto t1 = std::chrono::steady_clock::now();
       if (!out.ok()) return Fail(std::string(out.status().message()));
       if (r >= warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      if (!gemm) continue;
+      {
+        c10::InferenceMode inference;
+        auto g0 = std::chrono::steady_clock::now();
+        for (int64_t k = 0; k < calls; ++k) {
+          for (const auto& layer : gemm_weights) {
+            for (const at::Tensor& w : layer) {
+              at::Tensor y = at::linear(inputs.at(w.size(1)), w);
+            }
+          }
+        }
+        SynchronizeDevice(dev);
+        auto g1 = std::chrono::steady_clock::now();
+        if (r >= warmup) gemm_times.push_back(std::chrono::duration<double>(g1 - g0).count());
+      }
     }
-    nlohmann::json line = {{"impl", "specwire"}, {"dtype", dtype_name}, {"seq_len", T},
-                           {"batch", batch},     {"times_s", times},    {"threads", at::get_num_threads()}};
+    nlohmann::json line = {{"impl", "specwire"},
+                           {"dtype", dtype_name},
+                           {"seq_len", T},
+                           {"batch", batch},
+                           {"batch_layout", BatchLayoutName(*layout)},
+                           {"times_s", times},
+                           {"threads", at::get_num_threads()}};
+    if (gemm) line["gemm_times_s"] = gemm_times;
     std::cout << line.dump() << std::endl;
   }
   return 0;

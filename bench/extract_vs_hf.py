@@ -9,7 +9,17 @@ both see the same machine state; medians are compared. Two transformers baseline
   hf-keep1  the same with logits_to_keep=1 (no full-vocabulary logits)  the strongest plain-HF variant
 The headline compares against hf-keep1, the stricter of the two.
 
-Last line: extract_vs_hf_ratio=<median over configs of hf-keep1 time / specwire time>.
+Two more figures of the same run:
+  vs gemm   the forward's projection GEMMs alone (same shapes, dtype, threads, timed back to back
+            with the forward by specwire-bench-extract --gemm) over the forward: 1.0 is the
+            machine's GEMM limit; the rest is attention, norms, rope, copies and allocation.
+  layouts   a batch of --batch sequences of the same length, per_sequence (each its own forward:
+            bit-identical whatever shares the batch; the extractor's default) vs one padded
+            forward: the throughput cost of batch invariance.
+
+Lines at the end: extract_vs_gemm_ratio=, batch_invariance_ratio= (padded time / per_sequence
+time; below 1.0 is the cost), and last extract_vs_hf_ratio=<median over configs of hf-keep1
+time / specwire time>.
 """
 from __future__ import annotations
 
@@ -62,11 +72,19 @@ def time_hf(model, ids: torch.Tensor, reps: int, keep1: bool) -> list[float]:
     return times
 
 
+def run_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int,
+             batch: int = 1, layout: str = "per_sequence", gemm: bool = False) -> dict:
+    cmd = [str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens", str(seq_len),
+           "--reps", str(reps), "--warmup", "1", "--threads", str(threads), "--batch", str(batch),
+           "--batch_layout", layout]
+    if gemm:
+        cmd.append("--gemm")
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def time_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int) -> list[float]:
-    res = subprocess.run([str(exe), "--model", str(path), "--dtype", dtype, "--seq-lens", str(seq_len),
-                          "--reps", str(reps), "--warmup", "1", "--threads", str(threads)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])["times_s"]
+    return run_ours(exe, path, dtype, seq_len, reps, threads)["times_s"]
 
 
 def main() -> int:
@@ -78,6 +96,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per config")
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions per round")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--batch", type=int, default=4, help="sequences per batch for the layouts")
+    ap.add_argument("--layout-seq-len", type=int, default=128,
+                    help="sequence length of the layout comparison")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -87,7 +108,7 @@ def main() -> int:
     print(f"model: qwen3 {n_params / 1e6:.0f}M params, threads={args.threads}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
 
-    rows = []
+    rows, layouts = [], []
     for dtype_name in args.dtypes.split(","):
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
@@ -95,22 +116,41 @@ def main() -> int:
         for seq_len in (int(s) for s in args.seq_lens.split(",")):
             ids = torch.tensor([[(t * 7919 + 13) % QWEN3_100M["vocab_size"] for t in range(seq_len)]])
             time_hf(model, ids, 1, keep1=True)  # warm-up
-            ours, hf, hf1 = [], [], []
+            ours, gemm, hf, hf1 = [], [], [], []
             for _ in range(args.rounds):
-                ours += time_ours(exe, path, dtype_name, seq_len, args.reps, args.threads)
+                run = run_ours(exe, path, dtype_name, seq_len, args.reps, args.threads, gemm=True)
+                ours += run["times_s"]
+                gemm += run["gemm_times_s"]
                 hf += time_hf(model, ids, args.reps, keep1=False)
                 hf1 += time_hf(model, ids, args.reps, keep1=True)
             rows.append((dtype_name, seq_len, statistics.median(ours), statistics.median(hf),
-                         statistics.median(hf1)))
+                         statistics.median(hf1), statistics.median(gemm)))
+        per_seq, padded = [], []
+        for _ in range(args.rounds):
+            for layout, out in (("per_sequence", per_seq), ("padded", padded)):
+                out += run_ours(exe, path, dtype_name, args.layout_seq_len, args.reps,
+                                args.threads, batch=args.batch, layout=layout)["times_s"]
+        layouts.append((dtype_name, statistics.median(per_seq), statistics.median(padded)))
         del model
 
     print(f"\n{'dtype':<9} {'tokens':>6} {'specwire tok/s':>15} {'hf tok/s':>10} {'hf-keep1 tok/s':>15} "
-          f"{'vs hf':>7} {'vs keep1':>9}")
-    ratios = []
-    for dtype_name, seq_len, t_ours, t_hf, t_hf1 in rows:
+          f"{'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8}")
+    ratios, gemm_ratios = [], []
+    for dtype_name, seq_len, t_ours, t_hf, t_hf1, t_gemm in rows:
         ratios.append(t_hf1 / t_ours)
+        gemm_ratios.append(t_gemm / t_ours)
         print(f"{dtype_name:<9} {seq_len:>6} {seq_len / t_ours:>15.0f} {seq_len / t_hf:>10.0f} "
-              f"{seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} {t_hf1 / t_ours:>9.2f}")
+              f"{seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} {t_hf1 / t_ours:>9.2f} "
+              f"{t_gemm / t_ours:>8.2f}")
+    print(f"\nbatch of {args.batch} x {args.layout_seq_len} tokens: per_sequence vs padded")
+    print(f"{'dtype':<9} {'per_sequence tok/s':>19} {'padded tok/s':>13} {'padded/per_seq':>15}")
+    layout_ratios = []
+    tokens = args.batch * args.layout_seq_len
+    for dtype_name, t_seq, t_pad in layouts:
+        layout_ratios.append(t_pad / t_seq)
+        print(f"{dtype_name:<9} {tokens / t_seq:>19.0f} {tokens / t_pad:>13.0f} {t_pad / t_seq:>15.2f}")
+    print(f"extract_vs_gemm_ratio={statistics.median(gemm_ratios):.2f}")
+    print(f"batch_invariance_ratio={statistics.median(layout_ratios):.2f}")
     print(f"extract_vs_hf_ratio={statistics.median(ratios):.2f}")
     return 0
 

@@ -16,17 +16,21 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "clients/cli/extractor_client.h"
+#include "clients/cpp/extractor_client.h"
+#include "clients/cpp/extractor_connection_flags.h"
+#include "common/command_line.h"
+#include "common/wire.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Extractor address (host:port).");
-ABSL_FLAG(std::string, dtype, "bf16", "Wire dtype: bf16 | fp32 (use the server's compute dtype).");
+// The extractor: --extractor (default 127.0.0.1:50051), --extractor_timeout (default 600 s), TLS
+// and token as every client (clients/cpp/extractor_connection_flags.h).
+ABSL_FLAG(std::string, wire_dtype, "bf16",
+          "Wire dtype: bf16 | fp32 | auto (the server's compute dtype, which the in-process "
+          "comparison holds its states in).");
 ABSL_FLAG(int64_t, seq_len, 512, "Tokens per sequence.");
 ABSL_FLAG(int, concurrency, 4, "Client threads, each with its own stream at a time.");
 ABSL_FLAG(int, requests, 1, "Extract calls per thread per repetition (one sequence each).");
@@ -34,7 +38,6 @@ ABSL_FLAG(int, reps, 3, "Timed repetitions.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(std::string, layers, "all",
           "all (embedding, every layer, final norm: specwire-bench-extract's capture) | 0,5,...");
-ABSL_FLAG(double, timeout, 600, "Deadline of each call, seconds.");
 
 namespace specwire {
 namespace {
@@ -45,22 +48,18 @@ int Fail(const std::string& msg) {
 }
 
 int Run() {
-  ExtractorClientOptions co;
-  co.target = absl::GetFlag(FLAGS_target);
-  co.timeout_seconds = absl::GetFlag(FLAGS_timeout);
-  ExtractorClient client(co);
+  auto connection =
+      ExtractorConnectionFromFlags({.address = "127.0.0.1:50051", .timeout_seconds = 600});
+  if (!connection.ok()) return Fail(connection.status().ToString());
+  ExtractorClient client(connection->client);
   auto contract = client.Info();
   if (!contract.ok()) return Fail(absl::StrCat("GetModelInfo: ", contract.status().ToString()));
 
   ExtractParams base;
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype == "bf16" || dtype == "bfloat16") {
-    base.dtype = DType::kBF16;
-  } else if (dtype == "fp32" || dtype == "float32") {
-    base.dtype = DType::kF32;
-  } else {
-    return Fail("--dtype: bf16 or fp32");
-  }
+  auto wire = ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), contract->compute_dtype);
+  if (!wire.ok()) return Fail(wire.status().ToString());
+  base.dtype = *wire;
+  const std::string dtype = base.dtype == DType::kF32 ? "fp32" : "bf16";
   const std::string layers = absl::GetFlag(FLAGS_layers);
   if (layers == "all") {
     for (int64_t i = 0; i < contract->num_layers; ++i) {
@@ -147,9 +146,10 @@ int Run() {
 }  // namespace specwire
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "specwire-bench-grpc-extract --target H:P [--dtype bf16|fp32] [--seq_len 512] "
+  const std::vector<std::string> args = specwire::ParseCommandLineFlags(
+      argc, argv,
+      "specwire-bench-grpc-extract --extractor H:P [--wire_dtype bf16|fp32|auto] [--seq_len 512] "
       "[--concurrency 4] [--requests 1] [--reps 3]");
-  absl::ParseCommandLine(argc, argv);
+  if (!args.empty()) return specwire::Fail("unexpected argument " + args[0]);
   return specwire::Run();
 }

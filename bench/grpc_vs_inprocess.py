@@ -9,7 +9,7 @@ in rounds so both see the same machine state:
   grpc        specwire-bench-grpc-extract --concurrency C: C client threads on one channel each
               send one Extract call of one sequence at the same time; the server's dynamic batching
               merges what is queued; states travel in the same dtype, are crc-checked and
-              reassembled by the C++ client (clients/cli/extractor_client.h)
+              reassembled by the C++ client (clients/cpp/extractor_client.h)
 Both capture the same states (embedding, every layer, final norm), run the same engine with the
 same intra-op thread count, and count the same tokens (C x 512 per repetition).
 
@@ -158,11 +158,11 @@ def main() -> int:
         with Extractor(server_exe, path, dtype, args.threads, env) as server:
             batches0 = server.batch_requests()
             for rnd in range(args.rounds):
-                r = run_json([str(inproc_exe), "--model", str(path), "--dtype", dtype, "--seq-lens", str(T),
+                r = run_json([str(inproc_exe), "--model", str(path), "--dtype", dtype, "--seq_lens", str(T),
                               "--batch", str(C), "--reps", str(args.reps), "--warmup", "1",
                               "--threads", str(args.threads)], env)
                 inproc += r["times_s"]
-                g = run_json([str(load_exe), "--target", server.target, "--dtype", WIRE_DTYPE[dtype],
+                g = run_json([str(load_exe), "--extractor", server.target, "--wire_dtype", WIRE_DTYPE[dtype],
                               "--seq_len", str(T), "--concurrency", str(C), "--reps", str(args.reps),
                               "--warmup", "1" if rnd == 0 else "0"], env)
                 grpc += g["times_s"]

@@ -125,10 +125,20 @@ def run_child(cmd: list[str]) -> tuple[str, float]:
 
 def time_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int,
               threads: int) -> tuple[list[float], float]:
-    stdout, peak = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq-lens",
+    stdout, peak = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens",
                               str(seq_len), "--reps", str(reps), "--warmup", "1", "--threads",
                               str(threads)])
     return json.loads(stdout.strip().splitlines()[-1])["times_s"], peak
+
+
+def gemm_ratio(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int) -> float:
+    """The forward's projection GEMMs alone over the forward (specwire-bench-extract --gemm, a run
+    of its own so that the GEMM weights do not count in the peak memory figures)."""
+    stdout, _ = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens",
+                           str(seq_len), "--reps", str(reps), "--warmup", "1", "--threads",
+                           str(threads), "--gemm"])
+    line = json.loads(stdout.strip().splitlines()[-1])
+    return statistics.median(line["gemm_times_s"]) / statistics.median(line["times_s"])
 
 
 def hf_peak_mib(path: Path, dtype: str, seq_len: int, keep1: bool, threads: int) -> float:
@@ -210,21 +220,25 @@ def main() -> int:
             else:
                 hf_peak = hf_peak_mib(path, dtype_name, seq_len, False, args.threads)
                 hf1_peak = hf_peak_mib(path, dtype_name, seq_len, True, args.threads)
+            vs_gemm = gemm_ratio(exe, path, dtype_name, seq_len, args.reps, args.threads)
             rows.append((dtype_name, seq_len, statistics.median(ours), statistics.median(hf),
-                         statistics.median(hf1), max(ours_peak), hf_peak, hf1_peak))
+                         statistics.median(hf1), max(ours_peak), hf_peak, hf1_peak, vs_gemm))
             print(f"  {dtype_name} {seq_len}: specwire {[round(t, 3) for t in ours]} s, "
                   f"hf {[round(t, 3) for t in hf]} s, hf-keep1 {[round(t, 3) for t in hf1]} s",
                   flush=True)
         del model
 
     print(f"\n{'dtype':<9} {'tokens':>6} {'specwire tok/s':>15} {'hf tok/s':>10} {'hf-keep1 tok/s':>15} "
-          f"{'vs hf':>7} {'vs keep1':>9} {'specwire MiB':>13} {'hf MiB':>8} {'hf-keep1 MiB':>13}")
-    ratios = []
-    for dtype_name, seq_len, t_ours, t_hf, t_hf1, m_ours, m_hf, m_hf1 in rows:
+          f"{'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8} {'specwire MiB':>13} {'hf MiB':>8} "
+          f"{'hf-keep1 MiB':>13}")
+    ratios, gemm_ratios = [], []
+    for dtype_name, seq_len, t_ours, t_hf, t_hf1, m_ours, m_hf, m_hf1, vs_gemm in rows:
         ratios.append(t_hf1 / t_ours)
+        gemm_ratios.append(vs_gemm)
         print(f"{dtype_name:<9} {seq_len:>6} {seq_len / t_ours:>15.0f} {seq_len / t_hf:>10.0f} "
               f"{seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} {t_hf1 / t_ours:>9.2f} "
-              f"{m_ours:>13.0f} {m_hf:>8.0f} {m_hf1:>13.0f}")
+              f"{vs_gemm:>8.2f} {m_ours:>13.0f} {m_hf:>8.0f} {m_hf1:>13.0f}")
+    print(f"hybrid_extract_vs_gemm_ratio={statistics.median(gemm_ratios):.2f}")
     print(f"hybrid_vs_hf_ratio={statistics.median(ratios):.2f}")
     return 0
 

@@ -4,7 +4,7 @@
 Both sides draft the same blocks: the same drafter (random weights; speed does not depend on
 their values) on the same target's greedy trajectories, with the same torch and thread count.
 dflash_generate runs first to produce the trajectories; specwire-replay then replays exactly
-those (--trajectories-file), and the block counts are checked to be equal (the replay is
+those (--trajectories_file), and the block counts are checked to be equal (the replay is
 step-for-step the dflash loop, see tests/parity/test_dflash_parity.py).
 
 What is timed (medians over alternating rounds):
@@ -16,7 +16,7 @@ What is timed (medians over alternating rounds):
                 lm_head rows computed until each block's first mismatch.
   ours-seq      the same, one response at a time (--batch 1).
   ours-plain    one response at a time and all B-1 rows of logits per block (--batch 1
-                --full-logits): the same arithmetic as dflash's loop, so this column measures
+                --full_logits): the same arithmetic as dflash's loop, so this column measures
                 only the implementation (C++ / libtorch ops vs Python / nn.Module).
   dflash-draft  inside dflash_generate, only the drafting operations: the block embedding
                 (_raw_input_embeddings), DFlashDraftModel.forward (context fc + layers), the
@@ -152,14 +152,14 @@ def run_dflash(drafter, target, timer: DflashTimer, prompts, max_new: int):
 
 
 VARIANTS = {"ours": [], "ours-seq": ["--batch", "1"],
-            "ours-plain": ["--batch", "1", "--full-logits"]}
+            "ours-plain": ["--batch", "1", "--full_logits"]}
 
 
 def run_ours(exe: Path, target_dir: Path, drafter_dir: Path, traj_file: Path, max_new: int,
              threads: int, repeat: int, extra: list[str]) -> tuple[int, float]:
-    cmd = [str(exe), "--drafter", str(drafter_dir), "--target", str(target_dir),
-           "--trajectories-file", str(traj_file), "--max-new-tokens", str(max_new),
-           "--ddtree", "none", "--threads", str(threads), "--repeat", str(repeat)] + extra
+    cmd = [str(exe), "--drafter", str(drafter_dir), "--target_checkpoint", str(target_dir),
+           "--trajectories_file", str(traj_file), "--max_new_tokens", str(max_new),
+           "--ddtree", "none", "--threads", str(threads), "--reps", str(repeat)] + extra
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr}")

@@ -28,12 +28,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "clients/cli/extractor_client.h"
+#include "clients/cpp/extractor_client.h"
+#include "common/command_line.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/server.h"
@@ -41,7 +40,8 @@
 
 ABSL_FLAG(int64_t, total_mib, 256, "Hidden-state bytes per request (MiB), fp32.");
 ABSL_FLAG(int64_t, hidden, 4096, "Hidden size of the fake target (a row is hidden x 4 bytes).");
-ABSL_FLAG(int64_t, layers, 4, "States per request (layer outputs); tokens = total / layers / row.");
+ABSL_FLAG(int64_t, num_layers, 4,
+          "Layers of the fake target, each a state per request; tokens = total / layers / row.");
 ABSL_FLAG(
     std::string, chunk_bytes, "262144,1048576,4194304",
     "Chunk sizes to compare (comma-separated); 1048576 (the server's default) gives the ratio.");
@@ -238,7 +238,7 @@ absl::StatusOr<RunTime> TimeTcp(std::span<const std::byte> source, int64_t state
 
 int Run() {
   const int64_t hidden = absl::GetFlag(FLAGS_hidden);
-  const int64_t layers = absl::GetFlag(FLAGS_layers);
+  const int64_t layers = absl::GetFlag(FLAGS_num_layers);
   const int64_t row_bytes = hidden * 4;
   const int64_t rows = (absl::GetFlag(FLAGS_total_mib) << 20) / layers / row_bytes;
   const int64_t total = rows * row_bytes * layers;
@@ -253,7 +253,7 @@ int Run() {
     chunks.push_back(c);
   }
   if (rows <= 0 || reps <= 0) {
-    std::cerr << "--total_mib too small for --hidden x --layers, or --reps < 1\n";
+    std::cerr << "--total_mib too small for --hidden x --num_layers, or --reps < 1\n";
     return 2;
   }
 
@@ -333,9 +333,13 @@ int Run() {
 }  // namespace specwire
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::vector<std::string> args = specwire::ParseCommandLineFlags(
+      argc, argv,
       "specwire-bench-stream-vs-tcp [--total_mib 256] [--chunk_bytes 262144,1048576,4194304]\n"
       "Hidden-state bytes/s through the Extract stream vs raw loopback TCP.");
-  absl::ParseCommandLine(argc, argv);
+  if (!args.empty()) {
+    std::cerr << "specwire-bench-stream-vs-tcp: unexpected argument " << args[0] << "\n";
+    return 2;
+  }
   return specwire::Run();
 }

@@ -1,5 +1,5 @@
 // The extraction contract: what the extractor actually ran, stated once at the start of every
-// stream so consumers can refuse features that do not belong to them (see shared DESIGN, and the
+// stream so consumers can refuse features that do not belong to them (see docs/ARCHITECTURE.md, and the
 // proto's ExtractionContract, which mirrors this struct field by field).
 #pragma once
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_reader.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -13,57 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 // Typed access to config keys with error messages naming the file and key.
-class Keys {
- public:
-  Keys(const json& j, absl::string_view source, std::string prefix = "")
-      : j_(j), source_(source), prefix_(std::move(prefix)) {}
-
-  bool Has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  const json& Raw(const char* key) const { return j_.at(key); }
-
-  absl::StatusOr<int64_t> Int(const char* key) const {
-    if (!Has(key)) return Error(key, "is required but missing");
-    const json& v = j_.at(key);
-    if (!v.is_number_integer()) return Error(key, absl::StrCat("must be an integer, got ", v.dump()));
-    return v.get<int64_t>();
-  }
-  absl::StatusOr<int64_t> Int(const char* key, int64_t dflt) const {
-    return Has(key) ? Int(key) : absl::StatusOr<int64_t>(dflt);
-  }
-  absl::StatusOr<int64_t> PositiveInt(const char* key) const {
-    SW_ASSIGN_OR_RETURN(int64_t v, Int(key));
-    if (v <= 0) return Error(key, absl::StrCat("must be positive, got ", v));
-    return v;
-  }
-  absl::StatusOr<double> Double(const char* key, double dflt) const {
-    if (!Has(key)) return dflt;
-    const json& v = j_.at(key);
-    if (!v.is_number()) return Error(key, absl::StrCat("must be a number, got ", v.dump()));
-    return v.get<double>();
-  }
-  absl::StatusOr<bool> Bool(const char* key, bool dflt) const {
-    if (!Has(key)) return dflt;
-    const json& v = j_.at(key);
-    if (!v.is_boolean()) return Error(key, absl::StrCat("must be true or false, got ", v.dump()));
-    return v.get<bool>();
-  }
-  absl::StatusOr<std::string> String(const char* key, std::string dflt) const {
-    if (!Has(key)) return dflt;
-    const json& v = j_.at(key);
-    if (!v.is_string()) return Error(key, absl::StrCat("must be a string, got ", v.dump()));
-    return v.get<std::string>();
-  }
-
-  absl::Status Error(absl::string_view key, absl::string_view problem) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": key \"", prefix_, key, "\" ", problem));
-  }
-
- private:
-  const json& j_;
-  absl::string_view source_;
-  std::string prefix_;
-};
+using Keys = JsonReader;
 
 struct FamilyInfo {
   const char* model_type;
@@ -84,120 +35,198 @@ absl::StatusOr<LayerType> ParseLayerType(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown layer type \"", s, "\""));
 }
 
+// transformers' get_mscale (YaRN's attention factor).
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
 // rope_parameters (v5) or rope_scaling (v4) plus top-level rope_theta / partial_rotary_factor,
-// with transformers' precedence: values inside the dict win over top-level keys.
-absl::Status ParseRope(const Keys& top, const json& root, ModelConfig& c, double default_partial) {
-  const json* dict = nullptr;
+// with transformers' precedence (PreTrainedConfig.standardize_rope_params): values inside the
+// dict win over top-level keys, except original_max_position_embeddings, where a top-level key
+// wins for the types that use it (llama3, yarn).
+//
+// `partial_rotary` says whether the family's attention rotates part of a head: Qwen3.5 does
+// (default 0.25); Llama, Qwen2 and Qwen3 rotate the whole head in their default rope (their
+// compute_default_rope_parameters never reads partial_rotary_factor, so the key is ignored
+// there), and their apply_rotary_pos_emb cannot apply a partial rotation at all, so a scaled
+// rope with partial_rotary_factor < 1 fails in transformers: it is refused here.
+absl::Status ParseRope(const Keys& top, ModelConfig& c, bool partial_rotary) {
+  // transformers (convert_rope_params_to_dict): `rope_scaling or rope_parameters`, so a
+  // non-empty rope_scaling wins and an empty one gives way.
+  std::optional<JsonReader> dict;
   const char* dict_key = nullptr;
-  for (const char* k : {"rope_parameters", "rope_scaling"}) {
-    if (top.Has(k)) {
-      if (!root.at(k).is_object()) return top.Error(k, "must be an object");
-      dict = &root.at(k);
-      dict_key = k;
-      break;
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    if (!top.Has(k)) continue;
+    SW_ASSIGN_OR_RETURN(JsonReader r, top.Object(k));
+    if (r.size() == 0 && std::string(k) == "rope_scaling" && top.Has("rope_parameters")) continue;
+    dict = r;
+    dict_key = k;
+    break;
+  }
+  if (dict.has_value()) {
+    // One dict per layer type ({"full_attention": {...}, "sliding_attention": {...}}).
+    for (const char* nested : {"full_attention", "sliding_attention", "linear_attention"}) {
+      if (dict->raw().contains(nested) && dict->raw().at(nested).is_object()) {
+        return top.Error(dict_key, absl::StrCat("holds one rope per layer type (\"", nested,
+                                                "\"), which is not supported (one dict for "
+                                                "every layer)"));
+      }
     }
+  }
+  double default_partial = partial_rotary ? 0.25 : 1.0;
+  // Qwen3.5 with `"partial_rotary_factor": null` at the top level: transformers' setdefault keeps
+  // the None and its rope code reads `.get("partial_rotary_factor", 1.0)`: the whole head turns.
+  if (partial_rotary && top.raw().contains("partial_rotary_factor") &&
+      top.raw().at("partial_rotary_factor").is_null()) {
+    default_partial = 1.0;
   }
   SW_ASSIGN_OR_RETURN(c.rope.theta, top.Double("rope_theta", 10000.0));
   SW_ASSIGN_OR_RETURN(c.rope.partial_rotary_factor,
                       top.Double("partial_rotary_factor", default_partial));
-  c.rope.original_max_position_embeddings = c.max_position_embeddings;
-  if (dict != nullptr) {
-    Keys r(*dict, "", absl::StrCat(dict_key, "."));
-    std::string type;
-    {
-      auto t = r.String("rope_type", "");
-      if (!t.ok()) return top.Error(dict_key, t.status().message());
-      type = *t;
-      if (type.empty()) {
-        auto legacy = r.String("type", "default");
-        if (!legacy.ok()) return top.Error(dict_key, legacy.status().message());
-        type = *legacy;
-      }
+  std::optional<double> omax;
+  std::optional<double> yarn_factor, mscale, mscale_all_dim, attention_factor;
+  if (dict.has_value()) {
+    const JsonReader& r = *dict;
+    // rope_parameters.setdefault("rope_type", rope_parameters.get("type", "default")).
+    SW_ASSIGN_OR_RETURN(c.rope.type, r.String("type", "default"));
+    SW_ASSIGN_OR_RETURN(c.rope.type, r.String("rope_type", c.rope.type));
+    if (c.rope.type.empty()) return r.Error("rope_type", "is empty");
+    SW_ASSIGN_OR_RETURN(c.rope.theta, r.Double("rope_theta", c.rope.theta));
+    SW_ASSIGN_OR_RETURN(c.rope.partial_rotary_factor,
+                        r.Double("partial_rotary_factor", c.rope.partial_rotary_factor));
+    SW_ASSIGN_OR_RETURN(yarn_factor, r.OptionalDouble("factor"));
+    if (yarn_factor.has_value()) c.rope.factor = *yarn_factor;
+    SW_ASSIGN_OR_RETURN(c.rope.low_freq_factor,
+                        r.Double("low_freq_factor", c.rope.low_freq_factor));
+    SW_ASSIGN_OR_RETURN(c.rope.high_freq_factor,
+                        r.Double("high_freq_factor", c.rope.high_freq_factor));
+    SW_ASSIGN_OR_RETURN(omax, r.OptionalDouble("original_max_position_embeddings"));
+    SW_ASSIGN_OR_RETURN(attention_factor, r.OptionalDouble("attention_factor"));
+    SW_ASSIGN_OR_RETURN(mscale, r.OptionalDouble("mscale"));
+    SW_ASSIGN_OR_RETURN(mscale_all_dim, r.OptionalDouble("mscale_all_dim"));
+    // `rope_parameters.get("beta_fast") or 32`: absent, null or 0 mean the default.
+    SW_ASSIGN_OR_RETURN(double beta_fast, r.Double("beta_fast", 0));
+    SW_ASSIGN_OR_RETURN(double beta_slow, r.Double("beta_slow", 0));
+    if (beta_fast != 0) c.rope.beta_fast = beta_fast;
+    if (beta_slow != 0) c.rope.beta_slow = beta_slow;
+    // `rope_parameters.get("truncate", True)`: a null truncate is falsy, no rounding.
+    if (r.raw().contains("truncate") && r.raw().at("truncate").is_null()) {
+      c.rope.truncate = false;
+    } else {
+      SW_ASSIGN_OR_RETURN(c.rope.truncate, r.Bool("truncate", true));
     }
-    c.rope.type = type;
-    auto num = [&](const char* key, double& out) -> absl::Status {
-      auto v = r.Double(key, out);
-      if (!v.ok()) return top.Error(dict_key, v.status().message());
-      out = *v;
-      return absl::OkStatus();
-    };
-    SW_RETURN_IF_ERROR(num("rope_theta", c.rope.theta));
-    SW_RETURN_IF_ERROR(num("partial_rotary_factor", c.rope.partial_rotary_factor));
-    SW_RETURN_IF_ERROR(num("factor", c.rope.factor));
-    SW_RETURN_IF_ERROR(num("low_freq_factor", c.rope.low_freq_factor));
-    SW_RETURN_IF_ERROR(num("high_freq_factor", c.rope.high_freq_factor));
-    if (r.Has("original_max_position_embeddings")) {
-      double omax = 0;
-      SW_RETURN_IF_ERROR(num("original_max_position_embeddings", omax));
-      // Checked before the conversion: a double outside int64's range does not convert.
-      if (!(omax >= 1 && omax <= 9007199254740992.0)) {
-        return top.Error(dict_key, absl::StrCat("original_max_position_embeddings ", omax,
-                                                " is not a positive integer"));
+    // What transformers' rope functions read as rope_parameters_dict[key] (a KeyError there).
+    const std::vector<const char*> required =
+        c.rope.type == "linear" ? std::vector<const char*>{"factor"}
+        : c.rope.type == "llama3"
+            ? std::vector<const char*>{"factor", "low_freq_factor", "high_freq_factor"}
+            : std::vector<const char*>{};
+    for (const char* key : required) {
+      if (!r.Has(key)) {
+        return r.Error(key,
+                       absl::StrCat("is required by rope_type \"", c.rope.type, "\" but missing"));
       }
-      c.rope.original_max_position_embeddings = static_cast<int64_t>(omax);
     }
     if (r.Has("mrope_section")) {
-      const json& ms = dict->at("mrope_section");
-      if (!ms.is_array()) return top.Error(dict_key, "mrope_section must be an array");
-      for (const json& v : ms) {
-        if (!v.is_number_integer()) return top.Error(dict_key, "mrope_section must hold integers");
-        c.rope.mrope_section.push_back(v.get<int64_t>());
-      }
+      SW_ASSIGN_OR_RETURN(c.rope.mrope_section, r.IntList("mrope_section"));
     }
   }
-  if (c.rope.type != "default" && c.rope.type != "linear" && c.rope.type != "llama3") {
-    return top.Error(dict_key ? dict_key : "rope_parameters",
-                     absl::StrCat("has rope_type \"", c.rope.type,
-                                  "\", which is not supported (default, linear, llama3)"));
+  const char* where = dict_key ? dict_key : "rope_parameters";
+  const bool scaled_by_context = c.rope.type == "llama3" || c.rope.type == "yarn";
+  if (scaled_by_context && top.Has("original_max_position_embeddings")) {
+    SW_ASSIGN_OR_RETURN(omax, top.Double("original_max_position_embeddings"));
+    where = "original_max_position_embeddings";
+  }
+  c.rope.original_max_position_embeddings = c.max_position_embeddings;
+  if (scaled_by_context && omax.has_value()) {
+    // Checked before the conversion: a double outside int64's range does not convert.
+    if (!(*omax >= 1 && *omax <= 9007199254740992.0 && std::floor(*omax) == *omax)) {
+      return top.Error(where, absl::StrCat("original_max_position_embeddings ", *omax,
+                                           " is not a positive integer"));
+    }
+    c.rope.original_max_position_embeddings = static_cast<int64_t>(*omax);
+  }
+  if (c.rope.type != "default" && c.rope.type != "linear" && c.rope.type != "llama3" &&
+      c.rope.type != "yarn") {
+    return top.Error(where, absl::StrCat("has rope_type \"", c.rope.type,
+                                         "\", which is not supported (default, linear, llama3, "
+                                         "yarn)"));
+  }
+  if (c.rope.type == "yarn") {
+    // transformers' _compute_yarn_parameters: factor defaults to the context ratio, the
+    // attention factor to get_mscale(factor) (or the mscale / mscale_all_dim ratio).
+    if (!yarn_factor.has_value()) {
+      c.rope.factor = static_cast<double>(c.max_position_embeddings) /
+                      static_cast<double>(c.rope.original_max_position_embeddings);
+    }
+    if (attention_factor.has_value()) {
+      c.rope.attention_factor = *attention_factor;
+    } else if (mscale && *mscale != 0 && mscale_all_dim && *mscale_all_dim != 0) {
+      c.rope.attention_factor =
+          YarnMscale(c.rope.factor, *mscale) / YarnMscale(c.rope.factor, *mscale_all_dim);
+    } else {
+      c.rope.attention_factor = YarnMscale(c.rope.factor, 1.0);
+    }
+    if (!(c.rope.factor > 0)) return top.Error(where, "yarn rope needs factor > 0");
+    if (!(c.rope.attention_factor > 0)) {
+      return top.Error(where, "yarn rope needs attention_factor > 0");
+    }
   }
   // Parameters the type does not use keep their defaults, so that equal ropes compare equal and
   // ModelConfigToJson, which writes only the used ones, round-trips.
-  if (c.rope.type == "default") c.rope.factor = RopeConfig().factor;
+  const RopeConfig plain;
+  if (c.rope.type == "default") c.rope.factor = plain.factor;
   if (c.rope.type != "llama3") {
-    c.rope.low_freq_factor = RopeConfig().low_freq_factor;
-    c.rope.high_freq_factor = RopeConfig().high_freq_factor;
-    c.rope.original_max_position_embeddings = c.max_position_embeddings;
+    c.rope.low_freq_factor = plain.low_freq_factor;
+    c.rope.high_freq_factor = plain.high_freq_factor;
+  }
+  if (!scaled_by_context) c.rope.original_max_position_embeddings = c.max_position_embeddings;
+  if (c.rope.type != "yarn") {
+    c.rope.attention_factor = plain.attention_factor;
+    c.rope.beta_fast = plain.beta_fast;
+    c.rope.beta_slow = plain.beta_slow;
+    c.rope.truncate = plain.truncate;
   }
   if (c.rope.type == "linear" && !(c.rope.factor > 0)) {
-    return top.Error(dict_key, "linear rope needs factor > 0");
+    return top.Error(where, "linear rope needs factor > 0");
   }
-  if (c.rope.type == "llama3" &&
-      !(c.rope.factor > 0 && c.rope.low_freq_factor > 0 &&
-        c.rope.high_freq_factor > c.rope.low_freq_factor)) {
-    return top.Error(dict_key, "llama3 rope needs factor > 0 and high_freq_factor > low_freq_factor");
+  if (c.rope.type == "llama3" && !(c.rope.factor > 0 && c.rope.low_freq_factor > 0 &&
+                                   c.rope.high_freq_factor > c.rope.low_freq_factor)) {
+    return top.Error(where, "llama3 rope needs factor > 0 and high_freq_factor > low_freq_factor");
   }
   if (!(c.rope.theta > 0)) return top.Error("rope_theta", "must be positive");
   if (!(c.rope.partial_rotary_factor > 0 && c.rope.partial_rotary_factor <= 1)) {
     return top.Error("partial_rotary_factor", "must be in (0, 1]");
   }
-  return absl::OkStatus();
-}
-
-absl::Status ParseEos(const Keys& k, const json& root, ModelConfig& c) {
-  if (!k.Has("eos_token_id")) return absl::OkStatus();
-  const json& e = root.at("eos_token_id");
-  if (e.is_number_integer()) {
-    c.eos_token_ids.push_back(e.get<int64_t>());
-  } else if (e.is_array()) {
-    for (const json& v : e) {
-      if (!v.is_number_integer()) return k.Error("eos_token_id", "must hold integers");
-      c.eos_token_ids.push_back(v.get<int64_t>());
+  if (!partial_rotary) {
+    if (c.rope.type == "default") {
+      c.rope.partial_rotary_factor = 1.0;  // never read by the family's default rope
+    } else if (c.rope.partial_rotary_factor != 1.0) {
+      return top.Error("partial_rotary_factor",
+                       absl::StrCat("is ", c.rope.partial_rotary_factor, " with rope_type \"",
+                                    c.rope.type, "\": ", c.model_type,
+                                    " rotates the whole head, so transformers cannot run a "
+                                    "partial rotation (supported: 1.0, or rope_type default, "
+                                    "which ignores the key)"));
     }
-  } else {
-    return k.Error("eos_token_id", "must be an integer or a list of integers");
   }
   return absl::OkStatus();
 }
 
+absl::Status ParseEos(const Keys& k, ModelConfig& c) {
+  SW_ASSIGN_OR_RETURN(c.eos_token_ids, k.IntOrIntList("eos_token_id"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view source,
-                                            const std::string& prefix) {
-  Keys k(root, source, prefix);
+                                            const std::string& path) {
+  Keys k(root, std::string(source), PathStyle::kDotted, path);
   ModelConfig c;
   SW_ASSIGN_OR_RETURN(c.model_type, k.String("model_type", ""));
   if (c.model_type.empty()) return k.Error("model_type", "is required but missing");
   // A text config nested in a VLM config may carry the VLM's model_type ("qwen3_5"); it means
   // the same text model.
-  if (c.model_type == "qwen3_5" && !prefix.empty()) c.model_type = "qwen3_5_text";
+  if (c.model_type == "qwen3_5" && !path.empty()) c.model_type = "qwen3_5_text";
   const FamilyInfo* info = nullptr;
   for (const auto& f : kFamilies) {
     if (c.model_type == f.model_type) info = &f;
@@ -223,6 +252,20 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
                    absl::StrCat("is ", c.num_kv_heads, "; it must divide num_attention_heads (",
                                 c.num_heads, ")"));
   }
+  // LlamaConfig.validate_architecture refuses this even when head_dim is given.
+  if (c.family == ModelFamily::kLlama && c.hidden_size % c.num_heads != 0) {
+    return k.Error("hidden_size",
+                   absl::StrCat("is ", c.hidden_size, ", not a multiple of num_attention_heads (",
+                                c.num_heads, "), which Llama requires"));
+  }
+  if (k.Has("per_layer_config")) {
+    auto per_layer = k.Find("per_layer_config");
+    if (!(per_layer->is_object() && per_layer->empty())) {
+      return k.Error("per_layer_config", "is not supported (one configuration for every layer)");
+    }
+  }
+  SW_ASSIGN_OR_RETURN(c.is_causal, k.Bool("is_causal", true));
+  SW_ASSIGN_OR_RETURN(c.tie_last_hidden_states, k.Bool("tie_last_hidden_states", true));
   int64_t default_head_dim = c.hidden_size / c.num_heads;
   if (c.family == ModelFamily::kQwen3) default_head_dim = 128;
   if (hybrid) default_head_dim = 256;
@@ -233,15 +276,15 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
   SW_ASSIGN_OR_RETURN(c.rms_norm_eps, k.Double("rms_norm_eps", 1e-6));
   SW_ASSIGN_OR_RETURN(c.tie_word_embeddings, k.Bool("tie_word_embeddings", false));
   // transformers' defaults: Llama 2048, Qwen2/Qwen3/Qwen3.5 32768.
-  SW_ASSIGN_OR_RETURN(c.max_position_embeddings,
-                      k.Int("max_position_embeddings",
-                            c.family == ModelFamily::kLlama ? 2048 : 32768));
+  SW_ASSIGN_OR_RETURN(
+      c.max_position_embeddings,
+      k.Int("max_position_embeddings", c.family == ModelFamily::kLlama ? 2048 : 32768));
   if (c.max_position_embeddings <= 0) {
     return k.Error("max_position_embeddings",
                    absl::StrCat("must be positive, got ", c.max_position_embeddings));
   }
   SW_ASSIGN_OR_RETURN(std::string act, k.String("hidden_act", "silu"));
-  if (act != "silu") {
+  if (act != "silu" && act != "swish") {  // ACT2FN: "swish" is the same SiLU
     return k.Error("hidden_act", absl::StrCat("is \"", act, "\"; only \"silu\" is supported"));
   }
   SW_ASSIGN_OR_RETURN(c.torch_dtype, k.String("torch_dtype", ""));
@@ -285,10 +328,17 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
     }
   }
 
-  SW_RETURN_IF_ERROR(ParseRope(k, root, c, hybrid ? 0.25 : 1.0));
-  if (c.rotary_dim() <= 0 || c.rotary_dim() % 2 != 0) {
+  SW_RETURN_IF_ERROR(ParseRope(k, c, /*partial_rotary=*/hybrid));
+  // An odd int(head_dim × factor) = d rotates 2·ceil(d / 2) dims (transformers: inv_freq over
+  // arange(0, d, 2), cos/sin of twice that width); YaRN's ramp over d // 2 then does not fit.
+  const int64_t dim =
+      static_cast<int64_t>(static_cast<double>(c.head_dim) * c.rope.partial_rotary_factor);
+  if (dim <= 0 || c.rotary_dim() > c.head_dim || (dim % 2 != 0 && c.rope.type == "yarn")) {
     return k.Error("partial_rotary_factor",
-                   absl::StrCat("gives an odd or empty rotary dimension ", c.rotary_dim()));
+                   absl::StrCat("gives the rotary dimension int(", c.head_dim, " x ",
+                                c.rope.partial_rotary_factor, ") = ", dim,
+                                dim <= 0 ? ", which rotates nothing"
+                                         : ", which this rope type cannot rotate"));
   }
 
   // Layer schedule: explicit layer_types, else the family's rule.
@@ -306,6 +356,8 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
         return k.Error("layer_types", absl::StrCat("[", i, "] is linear_attention, which ",
                                                    c.model_type, " does not have"));
       }
+      // LlamaModel never reads layer_types: every layer is full causal attention.
+      if (c.family == ModelFamily::kLlama) *t = LayerType::kFullAttention;
       c.layer_types.push_back(*t);
     }
   } else if (hybrid) {
@@ -333,12 +385,14 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
   for (LayerType t : c.layer_types) has_sliding |= t == LayerType::kSlidingAttention;
   if (has_sliding) {
     SW_ASSIGN_OR_RETURN(bool use_window, k.Bool("use_sliding_window", false));
-    if (use_window && k.Has("sliding_window")) {
-      SW_ASSIGN_OR_RETURN(c.sliding_window, k.Int("sliding_window", 0));
+    const bool window_null = root.contains("sliding_window") && root.at("sliding_window").is_null();
+    if (use_window && !window_null) {
+      // Qwen2Config / Qwen3Config: sliding_window defaults to 4096.
+      SW_ASSIGN_OR_RETURN(c.sliding_window, k.Int("sliding_window", 4096));
       if (c.sliding_window <= 0) return k.Error("sliding_window", "must be positive");
     }
   }
-  SW_RETURN_IF_ERROR(ParseEos(k, root, c));
+  SW_RETURN_IF_ERROR(ParseEos(k, c));
   return c;
 }
 
@@ -346,9 +400,12 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
 
 const char* LayerTypeName(LayerType t) {
   switch (t) {
-    case LayerType::kFullAttention: return "full_attention";
-    case LayerType::kSlidingAttention: return "sliding_attention";
-    case LayerType::kLinearAttention: return "linear_attention";
+    case LayerType::kFullAttention:
+      return "full_attention";
+    case LayerType::kSlidingAttention:
+      return "sliding_attention";
+    case LayerType::kLinearAttention:
+      return "linear_attention";
   }
   return "?";
 }
@@ -361,13 +418,18 @@ const char* ModelFamilyName(ModelFamily f) {
 }
 
 int64_t ModelConfig::rotary_dim() const {
-  // transformers: dim = int(head_dim * partial_rotary_factor), i.e. truncation.
-  return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  // transformers: d = int(head_dim * partial_rotary_factor), i.e. truncation; the frequencies
+  // are arange(0, d, 2) / d, so ceil(d / 2) of them rotate 2 · ceil(d / 2) dims.
+  const int64_t d =
+      static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  return 2 * ((d + 1) / 2);
 }
 
-absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::string_view source) {
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             absl::string_view source) {
   json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  if (root.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": top level must be a JSON object"));
   }
@@ -383,14 +445,21 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::
       if (!text.contains("model_type") && root.contains("model_type")) {
         text["model_type"] = root["model_type"];
       }
-      SW_ASSIGN_OR_RETURN(ModelConfig c, ParseTextConfig(text, source, "text_config."));
+      // AutoModelForCausalLM knows one vision-language package of these families.
+      if (root.contains("model_type") &&
+          !(root.at("model_type").is_string() && root.at("model_type") == "qwen3_5")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": key \"model_type\" is ", root.at("model_type").dump(),
+            " with a text_config; the supported vision-language package is \"qwen3_5\""));
+      }
+      SW_ASSIGN_OR_RETURN(ModelConfig c, ParseTextConfig(text, source, "text_config"));
       c.vlm_packaged = true;
-      Keys top(root, source);
+      Keys top(root, std::string(source));
       if (root.contains("architectures") && root["architectures"].is_array() &&
           !root["architectures"].empty() && root["architectures"][0].is_string()) {
         c.vlm_architecture = root["architectures"][0].get<std::string>();
       }
-      if (c.eos_token_ids.empty()) SW_RETURN_IF_ERROR(ParseEos(top, root, c));
+      if (c.eos_token_ids.empty()) SW_RETURN_IF_ERROR(ParseEos(top, c));
       return c;
     }
     return ParseTextConfig(root, source, "");
@@ -399,16 +468,46 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::
   }
 }
 
+absl::Status CheckTargetConfig(const ModelConfig& c, absl::string_view source) {
+  auto refuse = [&](absl::string_view key, absl::string_view problem) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": key \"", key, "\" ", problem));
+  };
+  if (!c.is_causal) {
+    return refuse("is_causal",
+                  "is false: bidirectional attention is not supported for a target "
+                  "(supported: true)");
+  }
+  if (!c.tie_last_hidden_states) {
+    return refuse("tie_last_hidden_states",
+                  "is false: transformers' hidden_states[L] would then be the last layer's raw "
+                  "output, not the final-norm tap specwire's layer ids are defined against "
+                  "(supported: true)");
+  }
+  if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
+    for (size_t i = 0; i < c.layer_types.size(); ++i) {
+      if (c.layer_types[i] == LayerType::kSlidingAttention && c.sliding_window <= 0) {
+        return refuse("layer_types",
+                      absl::StrCat("[", i,
+                                   "] is sliding_attention without a window "
+                                   "(use_sliding_window false or sliding_window null), which "
+                                   "transformers' ",
+                                   c.architecture, " cannot run"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyGenerationConfig(absl::string_view json_text, ModelConfig& c,
                                    absl::string_view source) {
   json root = json::parse(json_text.begin(), json_text.end(), nullptr, false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
-  Keys k(root, source);
+  Keys k(root, std::string(source));
   if (!k.Has("eos_token_id")) return absl::OkStatus();
   ModelConfig tmp;
-  SW_RETURN_IF_ERROR(ParseEos(k, root, tmp));
+  SW_RETURN_IF_ERROR(ParseEos(k, tmp));
   c.eos_token_ids = tmp.eos_token_ids;
   return absl::OkStatus();
 }
@@ -439,11 +538,19 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (c.rope.partial_rotary_factor != 1.0 || c.family == ModelFamily::kQwen3_5) {
     rope["partial_rotary_factor"] = c.rope.partial_rotary_factor;
   }
-  if (c.rope.type == "linear" || c.rope.type == "llama3") rope["factor"] = c.rope.factor;
+  if (c.rope.type != "default") rope["factor"] = c.rope.factor;
   if (c.rope.type == "llama3") {
     rope["low_freq_factor"] = c.rope.low_freq_factor;
     rope["high_freq_factor"] = c.rope.high_freq_factor;
+  }
+  if (c.rope.type == "llama3" || c.rope.type == "yarn") {
     rope["original_max_position_embeddings"] = c.rope.original_max_position_embeddings;
+  }
+  if (c.rope.type == "yarn") {
+    rope["attention_factor"] = c.rope.attention_factor;
+    rope["beta_fast"] = c.rope.beta_fast;
+    rope["beta_slow"] = c.rope.beta_slow;
+    rope["truncate"] = c.rope.truncate;
   }
   if (!c.rope.mrope_section.empty()) rope["mrope_section"] = c.rope.mrope_section;
   t["rope_parameters"] = rope;
@@ -462,6 +569,8 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     t["linear_num_value_heads"] = c.linear_num_value_heads;
   }
   if (!c.eos_token_ids.empty()) t["eos_token_id"] = c.eos_token_ids;
+  if (!c.is_causal) t["is_causal"] = false;
+  if (!c.tie_last_hidden_states) t["tie_last_hidden_states"] = false;
   if (!c.vlm_packaged) return t.dump(2);
   json root;
   root["model_type"] = "qwen3_5";

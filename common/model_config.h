@@ -31,13 +31,19 @@ enum class LayerType {
 const char* LayerTypeName(LayerType t);
 
 struct RopeConfig {
-  std::string type = "default";  // "default", "linear" or "llama3"
+  std::string type = "default";  // "default", "linear", "llama3" or "yarn"
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;  // fraction of head_dim that is rotated (Qwen3.5: 0.25)
-  double factor = 1.0;                 // linear / llama3
+  double factor = 1.0;                 // linear / llama3 / yarn
   double low_freq_factor = 1.0;        // llama3
   double high_freq_factor = 4.0;       // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3 / yarn
+  // yarn (transformers' _compute_yarn_parameters). attention_factor scales cos and sin: the
+  // config's value, else derived from factor (and mscale / mscale_all_dim when both are set).
+  double attention_factor = 1.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
   // mRoPE sections of Qwen3.5 ([11, 11, 10]). Text-only input gives all three rows the same
   // positions, which makes interleaved mRoPE exactly 1-D RoPE; kept for the contract only.
   std::vector<int64_t> mrope_section;
@@ -82,7 +88,13 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype;  // as declared ("bfloat16"); informational
 
-  int64_t rotary_dim() const;  // head_dim × partial_rotary_factor (even)
+  // Keys only a target's forward reads (a drafter's config gives them other meanings): attention
+  // made bidirectional (`is_causal: false`), and hidden_states[L] left un-normed
+  // (`tie_last_hidden_states: false`). CheckTargetConfig refuses both.
+  bool is_causal = true;
+  bool tie_last_hidden_states = true;
+
+  int64_t rotary_dim() const;  // 2·ceil(int(head_dim × partial_rotary_factor) / 2), the dims rotated
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -91,6 +103,12 @@ struct ModelConfig {
 // (rope type, activation), each naming the key and value.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              absl::string_view source = "config.json");
+
+// What ParseModelConfig accepts for any Qwen3-style layer stack but transformers' CausalLM
+// target classes cannot run as specwire would: bidirectional attention, an un-normed
+// hidden_states[L], sliding layers of Qwen2 / Qwen3 without a window. INVALID_ARGUMENT naming
+// the key; the loader calls it for every target.
+absl::Status CheckTargetConfig(const ModelConfig& c, absl::string_view source = "config.json");
 
 // Applies generation_config.json: its eos_token_id (an id or a list) replaces config.json's, as
 // transformers' generate() uses the generation config. Absent keys leave `c` unchanged.

@@ -1,5 +1,7 @@
 #include "common/model_config.h"
 
+#include <cmath>
+
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -21,6 +23,10 @@ void ExpectError(const absl::StatusOr<ModelConfig>& r,
     EXPECT_TRUE(absl::StrContains(r.status().message(), part))
         << "\"" << part << "\" not in: " << r.status();
   }
+}
+
+void ExpectError(const absl::Status& s, std::initializer_list<absl::string_view> parts) {
+  ExpectError(absl::StatusOr<ModelConfig>(s), parts);
 }
 
 ModelConfig MustParse(absl::string_view text) {
@@ -133,6 +139,15 @@ constexpr char kQwen3_5Vlm[] = R"({
   "vision_config": {"depth": 24, "hidden_size": 1024}
 })";
 
+// A Qwen3 long-context config with YaRN rope (v4 spelling, transformers' defaults for the rest).
+constexpr char kQwen3Yarn[] = R"({
+  "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
+  "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+  "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+  "max_position_embeddings": 131072, "rope_theta": 1000000,
+  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+})";
+
 struct Variant {
   const char* name;
   const char* json;
@@ -147,6 +162,7 @@ constexpr Variant kVariants[] = {
     {"qwen3_rope_parameters", kQwen3RopeParameters},
     {"qwen3_5_text", kQwen3_5Text},
     {"qwen3_5_vlm", kQwen3_5Vlm},
+    {"qwen3_yarn", kQwen3Yarn},
 };
 
 TEST(ModelConfigTest, RoundTripEveryVariant) {
@@ -181,6 +197,61 @@ TEST(ModelConfigTest, RopeKeepsOnlyTheParametersItsTypeUses) {
   huge.replace(huge.find(R"("original_max_position_embeddings": 8192)"), 41,
                R"("original_max_position_embeddings": 1e300)");
   EXPECT_EQ(ParseModelConfig(huge).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, YarnLikeTransformers) {
+  ModelConfig c = MustParse(kQwen3Yarn);
+  EXPECT_EQ(c.rope.type, "yarn");
+  EXPECT_DOUBLE_EQ(c.rope.factor, 4.0);
+  EXPECT_EQ(c.rope.original_max_position_embeddings, 32768);
+  EXPECT_DOUBLE_EQ(c.rope.attention_factor, 0.1 * std::log(4.0) + 1.0);  // get_mscale(4)
+  EXPECT_DOUBLE_EQ(c.rope.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope.beta_slow, 1.0);
+  EXPECT_TRUE(c.rope.truncate);
+  // Without a factor, YaRN scales by the context ratio.
+  std::string no_factor = kQwen3Yarn;
+  no_factor.replace(no_factor.find(R"("factor": 4.0, )"), 15, "");
+  EXPECT_DOUBLE_EQ(MustParse(no_factor).rope.factor, 131072.0 / 32768.0);
+}
+
+// transformers' standardize_rope_params gives a top-level original_max_position_embeddings
+// priority over the one in the rope dict, for the types that use it (an outside check found the
+// top-level key ignored: silently different hidden states).
+TEST(ModelConfigTest, TopLevelOriginalMaxPositionEmbeddingsWins) {
+  for (const char* base : {kLlama3Rope, kQwen3Yarn}) {
+    std::string text = base;
+    text.replace(text.rfind('}'), 1, R"(, "original_max_position_embeddings": 1024})");
+    SCOPED_TRACE(text);
+    EXPECT_EQ(MustParse(text).rope.original_max_position_embeddings, 1024);
+  }
+  // A default rope does not use it.
+  std::string plain = kLlamaDefault;
+  plain.replace(plain.rfind('}'), 1, R"(, "original_max_position_embeddings": 1024})");
+  EXPECT_EQ(MustParse(plain).rope.original_max_position_embeddings,
+            MustParse(kLlamaDefault).max_position_embeddings);
+  // Not an integer: refused, naming the key.
+  std::string half = kLlama3Rope;
+  half.replace(half.rfind('}'), 1, R"(, "original_max_position_embeddings": 1024.5})");
+  ExpectError(ParseModelConfig(half), {"original_max_position_embeddings", "1024.5"});
+}
+
+// Llama, Qwen2 and Qwen3 rotate the whole head: their default rope never reads
+// partial_rotary_factor (an outside check found it applied: silently different hidden states),
+// and their attention cannot apply a partial rotation, so a scaled rope with a factor < 1 is
+// refused. Qwen3.5 rotates a quarter of the head by default.
+TEST(ModelConfigTest, PartialRotaryFactorOnlyWhereTheFamilyHasIt) {
+  for (const char* base : {kLlamaDefault, kQwen2, kQwen3TopLevelTheta}) {
+    std::string text = base;
+    text.replace(text.rfind('}'), 1, R"(, "partial_rotary_factor": 0.5})");
+    SCOPED_TRACE(text);
+    ModelConfig c = MustParse(text);
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 1.0);
+    EXPECT_EQ(c.rotary_dim(), c.head_dim);
+  }
+  std::string scaled = kLlama3Rope;
+  scaled.replace(scaled.rfind('}'), 1, R"(, "partial_rotary_factor": 0.5})");
+  ExpectError(ParseModelConfig(scaled), {"partial_rotary_factor", "0.5", "llama3"});
+  EXPECT_DOUBLE_EQ(MustParse(kQwen3_5Text).rope.partial_rotary_factor, 0.25);
 }
 
 TEST(ModelConfigTest, NonPositiveMaxPositionEmbeddingsNamed) {
@@ -457,8 +528,8 @@ TEST(ModelConfigTest, ErrorKvHeadsDoNotDivideHeads) {
 
 TEST(ModelConfigTest, ErrorUnsupportedRopeType) {
   ExpectError(
-      ParseModelConfig(Qwen3With(R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})")),
-      {"rope_scaling", "yarn"});
+      ParseModelConfig(Qwen3With(R"("rope_scaling": {"rope_type": "longrope", "factor": 4.0})")),
+      {"rope_scaling", "longrope"});
   ExpectError(ParseModelConfig(Qwen3With(R"("rope_parameters": {"type": "dynamic"})")),
               {"rope_parameters", "dynamic"});
 }
@@ -484,6 +555,77 @@ TEST(ModelConfigTest, ErrorInsideTextConfigNamesThePath) {
       "num_hidden_layers": 1, "num_attention_heads": 1}})"),
               {"text_config.hidden_size"});
   ExpectError(ParseModelConfig(R"({"model_type": "qwen3_5", "text_config": 3})"), {"text_config"});
+}
+
+}  // namespace
+}  // namespace specwire
+
+namespace specwire {
+namespace {
+
+// Keys whose meaning a key-by-key reading of transformers' config and modeling code found
+// different from what specwire did (docs/CONFIG_KEYS.md); each is now transformers' meaning or a
+// refusal naming the key.
+TEST(ModelConfigTest, TransformersSemanticsOfEdgeKeys) {
+  // A non-empty rope_scaling wins over rope_parameters (`rope_scaling or rope_parameters`).
+  ModelConfig both = MustParse(Qwen3With(
+      R"("rope_parameters": {"rope_type": "default", "rope_theta": 5.0},
+         "rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 7.0})"));
+  EXPECT_EQ(both.rope.type, "linear");
+  EXPECT_DOUBLE_EQ(both.rope.theta, 7.0);
+  EXPECT_DOUBLE_EQ(MustParse(Qwen3With(R"("rope_parameters": {"rope_theta": 5.0},
+                                          "rope_scaling": {})"))
+                       .rope.theta,
+                   5.0);
+  // A rope per layer type is refused, naming the key.
+  ExpectError(ParseModelConfig(Qwen3With(
+                  R"("rope_parameters": {"full_attention": {"rope_type": "default"}})")),
+              {"rope_parameters", "full_attention"});
+  // Rope parameters transformers reads as required.
+  ExpectError(ParseModelConfig(Qwen3With(R"("rope_scaling": {"rope_type": "linear"})")),
+              {"rope_scaling.factor", "linear"});
+  ExpectError(ParseModelConfig(Qwen3With(R"("rope_scaling": {"rope_type": "llama3",
+                                             "factor": 8.0, "high_freq_factor": 4.0})")),
+              {"rope_scaling.low_freq_factor"});
+  // yarn with a null truncate does not round the correction range.
+  EXPECT_FALSE(MustParse(Qwen3With(R"("rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+                                       "truncate": null})"))
+                   .rope.truncate);
+  // Qwen3.5 with a null top-level partial_rotary_factor turns the whole head.
+  std::string null_partial = kQwen3_5Text;
+  null_partial.replace(null_partial.rfind('}'), 1, R"(, "partial_rotary_factor": null})");
+  EXPECT_DOUBLE_EQ(MustParse(null_partial).rope.partial_rotary_factor, 1.0);
+  EXPECT_DOUBLE_EQ(MustParse(kQwen3_5Text).rope.partial_rotary_factor, 0.25);
+  // "swish" is SiLU.
+  MustParse(Qwen3With(R"("hidden_act": "swish")"));
+  // Llama never reads layer_types: sliding entries run full attention.
+  ModelConfig llama = MustParse(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 64,
+      "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": true,
+      "sliding_window": 4})");
+  EXPECT_EQ(llama.layer_types[0], LayerType::kFullAttention);
+  ExpectError(ParseModelConfig(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 66,
+      "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "head_dim": 16})"),
+              {"hidden_size", "66", "num_attention_heads"});
+  // Qwen2 / Qwen3: use_sliding_window without a sliding_window key means transformers' 4096.
+  ModelConfig window = MustParse(Qwen3With(R"("use_sliding_window": true,
+      "layer_types": ["full_attention", "sliding_attention"])"));
+  EXPECT_EQ(window.sliding_window, 4096);
+  // Target-only keys: parsed, and refused for a target.
+  ModelConfig bidirectional = MustParse(Qwen3With(R"("is_causal": false)"));
+  ExpectError(CheckTargetConfig(bidirectional), {"is_causal", "false"});
+  ModelConfig raw_last = MustParse(Qwen3With(R"("tie_last_hidden_states": false)"));
+  ExpectError(CheckTargetConfig(raw_last), {"tie_last_hidden_states"});
+  ModelConfig no_window = MustParse(Qwen3With(R"("use_sliding_window": false,
+      "layer_types": ["full_attention", "sliding_attention"])"));
+  ExpectError(CheckTargetConfig(no_window), {"layer_types", "[1]", "sliding_attention"});
+  EXPECT_TRUE(CheckTargetConfig(MustParse(Qwen3With(""))).ok());
+  // A vision-language root other than qwen3_5.
+  ExpectError(ParseModelConfig(R"({"model_type": "llava", "text_config": {"model_type": "llama",
+      "vocab_size": 32, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4}})"),
+              {"model_type", "llava", "qwen3_5"});
 }
 
 }  // namespace

@@ -54,6 +54,19 @@ bool HasSse42() {
 
 }  // namespace
 
+absl::StatusOr<DType> ParseWireDType(absl::string_view name, absl::string_view compute_dtype,
+                                     absl::string_view flag) {
+  if (name == "fp32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "auto") {
+    const bool f32 =
+        compute_dtype == "float32" || compute_dtype == "fp32" || compute_dtype == "f32";
+    return f32 ? DType::kF32 : DType::kBF16;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " \"", name, "\" is not one of fp32, bf16, auto"));
+}
+
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc) {
   const auto* p = reinterpret_cast<const uint8_t*>(data.data());
   crc = ~crc;

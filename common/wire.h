@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/safetensors.h"
 
 namespace specwire {
@@ -23,6 +24,14 @@ namespace specwire {
 // the CPU has it (about 20 GB/s), a table otherwise. `crc` chains calls: Crc32c(b, Crc32c(a)) ==
 // Crc32c(a ++ b).
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc = 0);
+
+// The dtype hidden states travel in, from a flag (--wire_dtype of every binary): "fp32" |
+// "float32", "bf16" | "bfloat16", or "auto": fp32 when `compute_dtype` (what the states feed: the
+// drafter's dtype in the scorer, the served target's in the CLI) is float32 (fp32, f32), bf16
+// otherwise — a bf16 or fp16 consumer loses nothing to bf16 and the wire carries half the bytes.
+// INVALID_ARGUMENT naming `flag` and the value.
+absl::StatusOr<DType> ParseWireDType(absl::string_view name, absl::string_view compute_dtype,
+                                     absl::string_view flag = "--wire_dtype");
 
 struct ChunkSpan {
   int64_t row_start = 0;

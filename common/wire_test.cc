@@ -136,5 +136,24 @@ TEST(StateAssembler, ZeroHiddenSize) {
   EXPECT_TRUE(a.bytes().empty());
 }
 
+TEST(ParseWireDType, NamesAliasesAndAuto) {
+  for (const char* name : {"fp32", "float32"}) {
+    EXPECT_EQ(*ParseWireDType(name, "bfloat16"), DType::kF32) << name;
+  }
+  for (const char* name : {"bf16", "bfloat16"}) {
+    EXPECT_EQ(*ParseWireDType(name, "float32"), DType::kBF16) << name;
+  }
+  // auto follows the consumer's compute dtype, whichever spelling of float32 it uses.
+  for (const char* compute : {"float32", "fp32", "f32"}) {
+    EXPECT_EQ(*ParseWireDType("auto", compute), DType::kF32) << compute;
+  }
+  for (const char* compute : {"bfloat16", "bf16", "float16", ""}) {
+    EXPECT_EQ(*ParseWireDType("auto", compute), DType::kBF16) << compute;
+  }
+  auto bad = ParseWireDType("f16", "float32", "--cli_flag");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--cli_flag \"f16\""), std::string::npos);
+}
+
 }  // namespace
 }  // namespace specwire

@@ -69,7 +69,7 @@ VOLUME ["/models"]
 # gRPC, Prometheus metrics.
 EXPOSE 50051 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
-  CMD ["specwire-cli", "health", "--target", "127.0.0.1:50051", "--service", "specwire.v1.Extractor", "--timeout", "4"]
+  CMD ["specwire-cli", "health", "--extractor", "127.0.0.1:50051", "--service", "specwire.v1.Extractor", "--extractor_timeout", "4"]
 ENTRYPOINT ["specwire-extractor"]
 CMD ["--model=/models/tiny-qwen3", "--dtype=bfloat16", "--device_map=cuda", \
      "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]

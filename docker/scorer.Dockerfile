@@ -57,7 +57,7 @@ VOLUME ["/models", "/var/cache/specwire"]
 # gRPC, Prometheus metrics.
 EXPOSE 50061 9465
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-  CMD ["specwire-cli", "health", "--target", "127.0.0.1:50061", "--service", "specwire.v1.Scorer", "--timeout", "4"]
+  CMD ["specwire-cli", "health", "--scorer", "127.0.0.1:50061", "--service", "specwire.v1.Scorer", "--scorer_timeout", "4"]
 ENTRYPOINT ["specwire-scorer"]
 CMD ["--extractor=dns:///extractor:50051", "--listen=0.0.0.0:50061", \
      "--metrics_listen=0.0.0.0:9465", "--data_root=/models", "--cache_dir=/var/cache/specwire"]

@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "fuzz/fuzz_check.h"
 #include "google/protobuf/stubs/logging.h"
 #include "services/extractor/server.h"

@@ -21,21 +21,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace specwire;
   v1::ScoreRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  static const ScoreRunnerOptions limits = [] {
-    ScoreRunnerOptions o;
+  static const ScoreLimits limits = [] {
+    ScoreLimits o;
     o.max_prompts = 16;
     o.max_new_tokens = 64;
     o.max_ddtree_budget = 32;
     o.max_ddtree_budgets = 4;
     return o;
   }();
-  static const ScoreRunnerOptions rooted = [] {
-    ScoreRunnerOptions o = limits;
+  static const ScoreLimits rooted = [] {
+    ScoreLimits o = limits;
     o.data_root = "/nonexistent/specwire-data";
     return o;
   }();
   const ScoreSpec spec = SpecFromProto(request);
-  for (const ScoreRunnerOptions* o : {&limits, &rooted}) {
+  for (const ScoreLimits* o : {&limits, &rooted}) {
     absl::Status s = ValidateSpec(spec, *o);
     if (!s.ok()) {
       fuzz::CheckError(s);

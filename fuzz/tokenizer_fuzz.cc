@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "fuzz/fuzz_check.h"
 
 namespace specwire {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

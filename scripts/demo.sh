@@ -96,15 +96,16 @@ start specwire-scorer "$LOGS/scorer.log" "$SCORER" --extractor="$EXTRACTOR_ADDR"
   --listen=127.0.0.1:0 --metrics_listen="127.0.0.1:$SCORER_METRICS" --dtype=float32 \
   --threads="$THREADS" --cache_dir="$OUT/cache"
 SCORER_ADDR=127.0.0.1:$PORT
-"$CLI" health --target "$EXTRACTOR_ADDR" --service specwire.v1.Extractor --timeout 10 > /dev/null
-"$CLI" health --target "$SCORER_ADDR" --service specwire.v1.Scorer --timeout 10 > /dev/null
+"$CLI" health --extractor "$EXTRACTOR_ADDR" --service specwire.v1.Extractor \
+  --extractor_timeout 10 > /dev/null
+"$CLI" health --scorer "$SCORER_ADDR" --service specwire.v1.Scorer --scorer_timeout 10 > /dev/null
 
 say "scoring $(basename "$MODELS")/heldout_prompts.jsonl with tiny-qwen3-dflash (through the scorer)"
 "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-dflash" \
   --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
   --max_new_tokens="$MAX_NEW_TOKENS" --ddtree=8 --drafter_label=tiny-qwen3-dflash \
   --dataset_label=heldout --json_out="$OUT/report.json" --html_out="$OUT/report.html" \
-  --timeout=600 2> "$LOGS/score-progress.log"
+  --scorer_timeout=600 2> "$LOGS/score-progress.log"
 
 echo
 "$PY" - "$OUT/report.json" <<'EOF'
@@ -145,17 +146,17 @@ start specwire-extractor "$LOGS/extractor-hybrid.log" "$EXTRACTOR" \
   --model="$MODELS/tiny-qwen3_5" --dtype=float32 --listen=127.0.0.1:0 \
   --metrics_listen="127.0.0.1:$HYBRID_METRICS" --threads="$THREADS"
 HYBRID_ADDR=127.0.0.1:$PORT
-"$CLI" info --target "$HYBRID_ADDR" > "$OUT/hybrid_contract.json"
+"$CLI" info --extractor "$HYBRID_ADDR" > "$OUT/hybrid_contract.json"
 LAST=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_layers"] - 1)' \
   "$OUT/hybrid_contract.json")
 HYBRID_PROMPT="def fibonacci(n):"
-"$CLI" extract --target "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --layers "0,$LAST" --final-norm \
-  --dtype fp32 --out "$OUT/hybrid_states.safetensors" > "$LOGS/hybrid-extract.log"
+"$CLI" extract --extractor "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --layers "0,$LAST" \
+  --final_norm --wire_dtype fp32 --out "$OUT/hybrid_states.safetensors" > "$LOGS/hybrid-extract.log"
 # --decode: the server's detokenizer; ids past the tokenizer's vocabulary (padded embeddings)
 # cannot be decoded, and then the ids alone are shown.
-"$CLI" generate --target "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --max-new-tokens 24 --decode \
+"$CLI" generate --extractor "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --max_new_tokens 24 --decode \
   > "$OUT/hybrid_completion.json" 2> "$LOGS/hybrid-generate.log" ||
-  "$CLI" generate --target "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --max-new-tokens 24 \
+  "$CLI" generate --extractor "$HYBRID_ADDR" --text "$HYBRID_PROMPT" --max_new_tokens 24 \
     > "$OUT/hybrid_completion.json"
 "$PY" - "$OUT/hybrid_contract.json" "$LOGS/hybrid-extract.log" "$OUT/hybrid_completion.json" <<'EOF'
 import json, sys

@@ -87,7 +87,9 @@ cmake --build "$BUILD_DIR" -j "$JOBS" --target specwire-extract specwire-bench-e
     die "build failed (log: build.log)"; }
 BUILD_S=$(( $(date +%s) - tb ))
 log "build: ${BUILD_S}s"
-"$BUILD_DIR/services/extractor/specwire-extract" --help > /dev/null ||
+# --version (absl flags: it exits 0; --help exits 1 by absl's convention) loads every shared
+# library the binary links, the kit's absl flags libraries included.
+"$BUILD_DIR/services/extractor/specwire-extract" --version > /dev/null ||
   die "specwire-extract does not start (missing shared libraries?): $(ldd "$BUILD_DIR/services/extractor/specwire-extract" | grep 'not found' | tr '\n' ' ')"
 
 # ---- checks ----------------------------------------------------------------------------------

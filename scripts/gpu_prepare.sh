@@ -30,7 +30,10 @@ log() { printf '\033[1m[gpu-prepare]\033[0m %s\n' "$*"; }
 #                      lib/x86_64-linux-gnu/libabsl_*.so.20220623.0.0 — files of libabsl20220623 —
 #                      and CMake checks that every one of them exists. abslConfig needs Threads
 #                      (the compiler's) and the targets link -latomic (gcc's libatomic).
-#    libabsl20220623   the shared libraries (needed at link and run time)
+#    libabsl20220623   the shared libraries (needed at link and run time), every one of them:
+#                      the engine-only binaries (specwire-extract, specwire-replay,
+#                      specwire-bench-extract) parse their flags with absl (flags, flags_parse,
+#                      flags_usage and what those link), checked below with the rest
 #    nlohmann-json3-dev, libxxhash-dev   header-only use (+ nlohmann's CMake config)
 #    libatomic1        only as a fallback for a host whose compiler cannot link -latomic:
 #                      kept apart in deps/fallback-lib (not on any RPATH).
@@ -90,7 +93,9 @@ while read -r f; do
   [ -f "$DEPS/usr/$f" ] || { echo "kit lacks usr/$f (referenced by abslTargets)" >&2; missing=1; }
 done < <(grep -ho '\${_IMPORT_PREFIX}/lib/[^" ]*' "$LIBDIR"/cmake/absl/abslTargets-*.cmake \
          | sed 's|\${_IMPORT_PREFIX}/||' | sort -u)
-for f in "$DEPS/usr/include/xxhash.h" "$DEPS/usr/include/nlohmann/json.hpp" \
+for f in "$LIBDIR"/libabsl_flags_parse.so.* "$LIBDIR"/libabsl_flags_usage.so.* \
+         "$DEPS/usr/include/absl/flags/parse.h" \
+         "$DEPS/usr/include/xxhash.h" "$DEPS/usr/include/nlohmann/json.hpp" \
          "$DEPS/usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake" \
          "$LIBDIR/cmake/absl/abslConfig.cmake"; do
   [ -f "$f" ] || { echo "kit lacks $f" >&2; missing=1; }

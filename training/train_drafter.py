@@ -70,7 +70,7 @@ def extractor(args):
     log_path = args.out.parent / f".{args.out.name}-extractor.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), f"--model={args.target}", "--dtype=float32", "--listen=127.0.0.1:0",
-           "--metrics_listen=", f"--threads={args.threads}", "--max_new_tokens=4096"]
+           "--metrics_listen=", f"--threads={args.threads}", "--max_new_tokens_limit=4096"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

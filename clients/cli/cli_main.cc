@@ -1,10 +1,15 @@
 // specwire-cli: the extractor service from the command line.
 //
-//   specwire-cli info     [--target H:P]
-//   specwire-cli extract  --tokens 1,2,3[;4,5] | --tokens-file F | --text S [--text S ...]
-//                         --layers 0,3 [--embedding] [--final-norm] --out FILE.safetensors
-//   specwire-cli generate --tokens 1,2,3 | --text S  [--max-new-tokens N] [--out FILE ...]
-//   specwire-cli health   [--target H:P] [--service NAME]   (exit 0 only when SERVING)
+//   specwire-cli info     [--extractor H:P]
+//   specwire-cli extract  --tokens 1,2,3[;4,5] | --tokens_file F | --text S | --prompts_file F
+//                         --layers 0,3 [--embedding] [--final_norm] --out FILE.safetensors
+//   specwire-cli generate --tokens 1,2,3 | --text S  [--max_new_tokens N] [--out FILE ...]
+//   specwire-cli health   [--extractor H:P | --scorer H:P] [--service NAME]
+//                         (exit 0 only when SERVING)
+//
+// The connection flags are the shared sets (clients/cpp/extractor_connection_flags.h,
+// scorer_connection_flags.h), spelled as in specwire-scorer and specwire-score: --extractor,
+// --extractor_tls_ca, --extractor_timeout, ...; health probes a scorer through --scorer*.
 //
 // `extract` writes the same file as the offline `specwire-extract extract`: tensors
 // seq.{i}.layer.{k}, seq.{i}.embedding, seq.{i}.final_norm, each [T_i, hidden] in the wire dtype,
@@ -18,104 +23,63 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "clients/cli/extractor_client.h"
-#include "clients/cli/health_check.h"
+#include "clients/cpp/extractor_client.h"
+#include "clients/cpp/extractor_connection_flags.h"
+#include "clients/cpp/health_check.h"
+#include "clients/cpp/scorer_connection_flags.h"
+#include "common/command_line.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "common/wire.h"
 #include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
+ABSL_FLAG(std::string, tokens_file, "",
+          "JSON file with a list of token-id lists (instead of --tokens).");
+ABSL_FLAG(std::string, text, "", "One text the server tokenizes.");
+ABSL_FLAG(std::string, prompts_file, "",
+          "JSON file with a list of prompts, each a string (tokenized by the server) or a list "
+          "of token ids (several texts: instead of --text).");
+ABSL_FLAG(bool, add_special_tokens, false,
+          "Tokenize text prompts with the tokenizer's special tokens.");
+ABSL_FLAG(std::string, layers, "",
+          "Decoder layer ids k, comma-separated: output of layer k = HF hidden_states[k+1].");
+ABSL_FLAG(bool, embedding, false, "Also the embedding output (HF hidden_states[0]).");
+ABSL_FLAG(bool, final_norm, false, "Also the final-norm output (HF hidden_states[num_layers]).");
+ABSL_FLAG(std::string, wire_dtype, "bf16",
+          "Dtype of the states on the wire: bf16 | fp32 | auto (the served target's compute "
+          "dtype: fp32 for a float32 target, bf16 otherwise).");
+ABSL_FLAG(uint32_t, chunk_bytes, 0, "Chunk size asked of the server; 0: its default.");
+ABSL_FLAG(std::string, out, "", "Output safetensors file (extract; optional for generate).");
+ABSL_FLAG(std::string, request_id, "", "Echoed by the server in its trailer and logs.");
+ABSL_FLAG(uint32_t, max_new_tokens, 32, "generate: tokens to generate at most.");
+ABSL_FLAG(std::string, stop, "", "generate: extra stop token ids, comma-separated.");
+ABSL_FLAG(bool, ignore_model_eos, false, "generate: do not stop at the model's eos_token_id.");
+ABSL_FLAG(bool, decode, false, "generate: add the completion's text (the server's detokenizer).");
+ABSL_FLAG(std::string, service, "",
+          "health: the service to check, e.g. specwire.v1.Scorer; \"\" is the server as a whole.");
 
 namespace specwire {
 namespace {
 
-constexpr char kUsage[] = R"(usage: specwire-cli COMMAND [flags]
+constexpr char kUsage[] = R"(specwire-cli COMMAND [flags]
 
 Commands:
   info       print the extraction contract of the served target (JSON)
   extract    fetch hidden states of sequences and write them to a safetensors file
   generate   greedy completions of prompts, printed as a JSON list; with --out, also the hidden
              states of prompt + completion
-  health     grpc.health.v1 check of any specwire server (extractor or scorer): prints the
-             status; exit 0 only when SERVING (container and Kubernetes probes)
+  health     grpc.health.v1 check of any specwire server: the extractor (--extractor*, the
+             default) or a scorer (--scorer*); prints the status; exit 0 only when SERVING
+             (container and Kubernetes probes)
 
-Flags:
-  --target H:P           extractor address                                   [127.0.0.1:50051]
-  --timeout S            deadline of the call in seconds; 0: none            [300]
-  --service NAME         health: the service to check, e.g. specwire.v1.Scorer; "" is the
-                         server as a whole                                   [""]
-  --tokens IDS           token ids, comma-separated; sequences separated by ';'
-  --tokens-file F        JSON file with a list of token-id lists (instead of --tokens)
-  --text S               a text the server tokenizes (repeat for several sequences)
-  --add-special-tokens   tokenize --text with the tokenizer's special tokens
-  --layers IDS           decoder layer ids k: output of layer k = HF hidden_states[k+1]
-  --embedding            also the embedding output (HF hidden_states[0])
-  --final-norm           also the final-norm output (HF hidden_states[num_layers])
-  --dtype D              wire dtype of the states: bf16 | fp32                [bf16]
-  --max-chunk-bytes N    chunk size asked of the server; 0: its default       [0]
-  --out FILE             output safetensors file (extract; optional for generate)
-  --request-id ID        echoed by the server in its trailer and logs
-  --max-new-tokens N     generate: tokens to generate at most                 [32]
-  --stop IDS             generate: extra stop token ids
-  --ignore-model-eos     generate: do not stop at the model's eos_token_id
-  --decode               generate: add the completion's text (server-side detokenizer)
-  --tls                  connect with TLS (implied by the three flags below)
-  --tls-ca F             PEM CA that signed the server's certificate (default: system roots)
-  --tls-client-cert F    PEM client certificate (mTLS), with --tls-client-key F
-  --tls-server-name N    name to check the server's certificate against (default: the host)
-  --auth-token-file F    bearer token sent with every call; else $SPECWIRE_AUTH_TOKEN, else
-                         the file named by $SPECWIRE_AUTH_TOKEN_FILE
-
-Errors print the gRPC status code and message; the exit status is 1 (2 for bad flags).
-)";
-
-// Flag name → values in order (only --text may repeat).
-using Flags = std::map<std::string, std::vector<std::string>>;
-
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
-  static const char* kBool[] = {"embedding",        "final-norm", "add-special-tokens",
-                                "ignore-model-eos", "decode",     "help", "tls"};
-  static const char* kValued[] = {"target", "timeout",    "tokens",         "tokens-file",
-                                  "text",   "layers",     "dtype",          "max-chunk-bytes",
-                                  "out",    "request-id", "max-new-tokens", "stop",
-                                  "service", "tls-ca", "tls-client-cert", "tls-client-key",
-                                  "tls-server-name", "auth-token-file"};
-  Flags flags;
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (!arg.starts_with("--")) return absl::InvalidArgumentError("unexpected argument " + arg);
-    arg = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    bool is_bool = false, is_valued = false;
-    for (const char* b : kBool) is_bool |= arg == b;
-    for (const char* v : kValued) is_valued |= arg == v;
-    if (!is_bool && !is_valued) return absl::InvalidArgumentError("unknown flag --" + arg);
-    if (is_bool) {
-      if (has_value) return absl::InvalidArgumentError("flag --" + arg + " takes no value");
-      value.assign(1, '1');  // (not `= "1"`: GCC 12 warns falsely, -Wrestrict)
-    } else if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError("flag --" + arg + " needs a value");
-      value = argv[++i];
-    }
-    if (!flags[arg].empty() && arg != "text") {
-      return absl::InvalidArgumentError("flag --" + arg + " given twice");
-    }
-    flags[arg].push_back(value);
-  }
-  return flags;
-}
-
-bool Has(const Flags& f, const std::string& name) { return f.count(name) > 0; }
-std::string Get(const Flags& f, const std::string& name, const std::string& fallback = "") {
-  return Has(f, name) ? f.at(name).front() : fallback;
-}
+The extractor is --extractor (default 127.0.0.1:50051; deadline --extractor_timeout, default
+300 s). Errors print the gRPC status code and message; the exit status is 1 (2 for bad flags).)";
 
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
   std::vector<int64_t> ids;
@@ -141,38 +105,60 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
-// The sequences of a request: from exactly one of --tokens, --tokens-file, --text.
-absl::StatusOr<std::vector<InputSequence>> ReadInputs(const Flags& f) {
-  const int sources = Has(f, "tokens") + Has(f, "tokens-file") + Has(f, "text");
-  if (sources != 1) {
-    return absl::InvalidArgumentError("give exactly one of --tokens, --tokens-file, --text");
+// A JSON list of prompts from `flag`'s file: token-id lists, and strings too when `texts`.
+absl::StatusOr<std::vector<InputSequence>> ReadPromptList(const std::string& path,
+                                                          const std::string& flag, bool texts) {
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected a JSON list of ", texts ? "prompts" : "token-id lists"));
   }
   std::vector<InputSequence> out;
-  if (Has(f, "text")) {
-    for (const auto& t : f.at("text")) out.push_back(InputSequence::Text(t));
-  } else if (Has(f, "tokens-file")) {
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFile(Get(f, "tokens-file")));
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_array()) {
-      return absl::InvalidArgumentError("--tokens-file: expected a JSON list of token-id lists");
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (texts && j[i].is_string()) {
+      out.push_back(InputSequence::Text(j[i].get<std::string>()));
+      continue;
     }
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (!j[i].is_array()) {
+    if (!j[i].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": entry ", i, texts ? " is neither a string nor a list" : " is not a list"));
+    }
+    std::vector<int64_t> ids;
+    for (const auto& v : j[i]) {
+      if (!v.is_number_integer()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--tokens-file: entry ", i, " is not a list"));
+            absl::StrCat(flag, ": entry ", i, " holds a non-integer token id"));
       }
-      std::vector<int64_t> ids;
-      for (const auto& v : j[i]) {
-        if (!v.is_number_integer()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--tokens-file: entry ", i, " holds a non-integer token id"));
-        }
-        ids.push_back(v.get<int64_t>());
-      }
-      out.push_back(InputSequence::Tokens(std::move(ids)));
+      ids.push_back(v.get<int64_t>());
     }
+    out.push_back(InputSequence::Tokens(std::move(ids)));
+  }
+  return out;
+}
+
+// The sequences of a request: from exactly one of --tokens, --tokens_file, --text,
+// --prompts_file.
+absl::StatusOr<std::vector<InputSequence>> ReadInputs() {
+  const std::string tokens = absl::GetFlag(FLAGS_tokens);
+  const std::string tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  const std::string text = absl::GetFlag(FLAGS_text);
+  const std::string prompts_file = absl::GetFlag(FLAGS_prompts_file);
+  const int sources =
+      !tokens.empty() + !tokens_file.empty() + !text.empty() + !prompts_file.empty();
+  if (sources != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --tokens, --tokens_file, --text, --prompts_file");
+  }
+  std::vector<InputSequence> out;
+  if (!text.empty()) {
+    out.push_back(InputSequence::Text(text));
+  } else if (!tokens_file.empty()) {
+    SW_ASSIGN_OR_RETURN(out, ReadPromptList(tokens_file, "--tokens_file", /*texts=*/false));
+  } else if (!prompts_file.empty()) {
+    SW_ASSIGN_OR_RETURN(out, ReadPromptList(prompts_file, "--prompts_file", /*texts=*/true));
   } else {
-    for (absl::string_view s : absl::StrSplit(Get(f, "tokens"), ';', absl::SkipWhitespace())) {
+    for (absl::string_view s : absl::StrSplit(tokens, ';', absl::SkipWhitespace())) {
       SW_ASSIGN_OR_RETURN(auto ids, ParseIds(s, "tokens"));
       out.push_back(InputSequence::Tokens(std::move(ids)));
     }
@@ -181,32 +167,27 @@ absl::StatusOr<std::vector<InputSequence>> ReadInputs(const Flags& f) {
   return out;
 }
 
-absl::StatusOr<RequestedStates> ReadStates(const Flags& f) {
+absl::StatusOr<RequestedStates> ReadStates() {
   RequestedStates s;
-  if (Has(f, "layers")) {
-    SW_ASSIGN_OR_RETURN(auto ids, ParseIds(Get(f, "layers"), "layers"));
+  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
+    SW_ASSIGN_OR_RETURN(auto ids, ParseIds(layers, "layers"));
     for (int64_t id : ids) s.layer_ids.push_back(static_cast<int32_t>(id));
   }
-  s.embedding = Has(f, "embedding");
-  s.final_norm = Has(f, "final-norm");
+  s.embedding = absl::GetFlag(FLAGS_embedding);
+  s.final_norm = absl::GetFlag(FLAGS_final_norm);
   return s;
 }
 
-absl::StatusOr<DType> ReadDType(const Flags& f) {
-  const std::string d = Get(f, "dtype", "bf16");
-  if (d == "bf16" || d == "bfloat16") return DType::kBF16;
-  if (d == "fp32" || d == "float32") return DType::kF32;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype: \"", d, "\" is not bf16 or fp32"));
-}
-
-absl::StatusOr<uint32_t> ReadUint(const Flags& f, const std::string& name, uint32_t fallback) {
-  if (!Has(f, name)) return fallback;
-  uint32_t v;
-  if (!absl::SimpleAtoi(Get(f, name), &v)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": \"", Get(f, name), "\" is not a non-negative integer"));
+// --wire_dtype; "auto" follows the served target's compute dtype, so it needs the contract
+// (one GetModelInfo call, made only then).
+absl::StatusOr<DType> ResolveWireDType(ExtractorClient& client) {
+  const std::string name = absl::GetFlag(FLAGS_wire_dtype);
+  std::string compute_dtype;
+  if (name == "auto") {
+    SW_ASSIGN_OR_RETURN(ExtractionContract contract, client.Info());
+    compute_dtype = contract.compute_dtype;
   }
-  return v;
+  return ParseWireDType(name, compute_dtype);
 }
 
 float ElementAsFloat(const std::byte* p, DType d) {
@@ -270,35 +251,40 @@ std::string TotalsLine(const StreamTotals& t) {
   return buf;
 }
 
-absl::StatusOr<ExtractParams> ExtractParamsFromFlags(const Flags& f) {
-  if (!Has(f, "out")) return absl::InvalidArgumentError("--out is required for extract");
+// Both build everything but the wire dtype, which "auto" resolves against the server
+// (ResolveWireDType); its spelling is checked here, before any call.
+absl::StatusOr<ExtractParams> ExtractParamsFromFlags() {
+  if (absl::GetFlag(FLAGS_out).empty()) {
+    return absl::InvalidArgumentError("--out is required for extract");
+  }
   ExtractParams p;
-  SW_ASSIGN_OR_RETURN(p.sequences, ReadInputs(f));
-  SW_ASSIGN_OR_RETURN(p.states, ReadStates(f));
-  SW_ASSIGN_OR_RETURN(p.dtype, ReadDType(f));
-  SW_ASSIGN_OR_RETURN(p.max_chunk_bytes, ReadUint(f, "max-chunk-bytes", 0));
-  p.request_id = Get(f, "request-id");
-  p.add_special_tokens = Has(f, "add-special-tokens");
+  SW_ASSIGN_OR_RETURN(p.sequences, ReadInputs());
+  SW_ASSIGN_OR_RETURN(p.states, ReadStates());
+  SW_ASSIGN_OR_RETURN(p.dtype, ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), ""));
+  p.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  p.request_id = absl::GetFlag(FLAGS_request_id);
+  p.add_special_tokens = absl::GetFlag(FLAGS_add_special_tokens);
   return p;
 }
 
-absl::StatusOr<GenerateParams> GenerateParamsFromFlags(const Flags& f) {
+absl::StatusOr<GenerateParams> GenerateParamsFromFlags() {
   GenerateParams p;
-  SW_ASSIGN_OR_RETURN(p.prompts, ReadInputs(f));
-  SW_ASSIGN_OR_RETURN(p.max_new_tokens, ReadUint(f, "max-new-tokens", 32));
-  if (Has(f, "stop")) {
-    SW_ASSIGN_OR_RETURN(p.stop_token_ids, ParseIds(Get(f, "stop"), "stop"));
+  SW_ASSIGN_OR_RETURN(p.prompts, ReadInputs());
+  p.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
+    SW_ASSIGN_OR_RETURN(p.stop_token_ids, ParseIds(stop, "stop"));
   }
-  p.ignore_model_eos = Has(f, "ignore-model-eos");
-  SW_ASSIGN_OR_RETURN(p.states, ReadStates(f));
-  SW_ASSIGN_OR_RETURN(p.dtype, ReadDType(f));
-  SW_ASSIGN_OR_RETURN(p.max_chunk_bytes, ReadUint(f, "max-chunk-bytes", 0));
-  p.request_id = Get(f, "request-id");
-  p.add_special_tokens = Has(f, "add-special-tokens");
-  if (Has(f, "out") && p.states.empty()) {
-    return absl::InvalidArgumentError("--out: give --layers, --embedding or --final-norm");
+  p.ignore_model_eos = absl::GetFlag(FLAGS_ignore_model_eos);
+  SW_ASSIGN_OR_RETURN(p.states, ReadStates());
+  SW_ASSIGN_OR_RETURN(p.dtype, ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), ""));
+  p.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  p.request_id = absl::GetFlag(FLAGS_request_id);
+  p.add_special_tokens = absl::GetFlag(FLAGS_add_special_tokens);
+  const bool out = !absl::GetFlag(FLAGS_out).empty();
+  if (out && p.states.empty()) {
+    return absl::InvalidArgumentError("--out: give --layers, --embedding or --final_norm");
   }
-  if (!Has(f, "out") && !p.states.empty()) {
+  if (!out && !p.states.empty()) {
     return absl::InvalidArgumentError("states requested but no --out to write them to");
   }
   return p;
@@ -348,76 +334,85 @@ absl::Status RunGenerate(ExtractorClient& client, const GenerateParams& p, const
   return absl::OkStatus();
 }
 
+// "specwire-cli: CODE: message" on stderr; returns the exit status `code`.
+int Fail(const absl::Status& s, int code) {
+  std::cerr << "specwire-cli: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
+            << "\n";
+  return code;
+}
+
+// health: the extractor (the default) or, with --scorer, a scorer.
+int RunHealth(const ExtractorConnection& extractor) {
+  auto scorer = ScorerConnectionFromFlags();
+  if (!scorer.ok()) return Fail(scorer.status(), 2);
+  std::string target = extractor.address;
+  double timeout = extractor.client.timeout_seconds;
+  ClientSecurity security = extractor.client.security;
+  if (!scorer->address.empty()) {
+    target = scorer->address;
+    timeout = scorer->timeout_seconds;
+    security = scorer->security;
+  }
+  auto status = CheckHealth(target, absl::GetFlag(FLAGS_service), timeout, security);
+  if (!status.ok()) return Fail(status.status(), 1);
+  std::cout << ServingStatusName(*status) << "\n";
+  return *status == ServingStatus::kServing ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
-  auto fail = [](const absl::Status& s, int code) {
-    std::cerr << "specwire-cli: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
-              << "\n";
-    return code;
-  };
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
+  const std::vector<std::string> args = ParseCommandLineFlags(argc, argv, kUsage);
+  if (args.size() != 1) {
+    return Fail(absl::InvalidArgumentError(
+                    args.empty() ? "give a command: info, extract, generate or health (see --help)"
+                                 : "unexpected argument " + args[1]),
+                2);
   }
-  const std::string command = argv[1];
-  auto flags = ParseFlags(argc, argv, 2);
-  if (!flags.ok()) return fail(flags.status(), 2);
-  const Flags& f = *flags;
-  if (Has(f, "help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  if (command != "info" && command != "extract" && command != "generate" &&
-      command != "health") {
-    return fail(absl::InvalidArgumentError("unknown command " + command + " (see --help)"), 2);
+  const std::string& command = args[0];
+  if (command != "info" && command != "extract" && command != "generate" && command != "health") {
+    return Fail(absl::InvalidArgumentError("unknown command " + command + " (see --help)"), 2);
   }
   // Every flag is checked before the first call.
   absl::StatusOr<ExtractParams> extract;
   absl::StatusOr<GenerateParams> generate;
   if (command == "extract") {
-    extract = ExtractParamsFromFlags(f);
-    if (!extract.ok()) return fail(extract.status(), 2);
+    extract = ExtractParamsFromFlags();
+    if (!extract.ok()) return Fail(extract.status(), 2);
   } else if (command == "generate") {
-    generate = GenerateParamsFromFlags(f);
-    if (!generate.ok()) return fail(generate.status(), 2);
+    generate = GenerateParamsFromFlags();
+    if (!generate.ok()) return Fail(generate.status(), 2);
   }
-  ExtractorClientOptions options;
-  options.target = Get(f, "target", options.target);
-  if (!absl::SimpleAtod(Get(f, "timeout", "300"), &options.timeout_seconds) ||
-      options.timeout_seconds < 0) {
-    return fail(absl::InvalidArgumentError("--timeout: \"" + Get(f, "timeout") +
-                                           "\" is not a non-negative number of seconds"),
-                2);
+  auto connection =
+      ExtractorConnectionFromFlags({.address = "127.0.0.1:50051", .timeout_seconds = 300});
+  if (!connection.ok()) return Fail(connection.status(), 2);
+  if (command == "health") return RunHealth(*connection);
+  if (absl::StrContains(connection->address, ',')) {
+    return Fail(
+        absl::InvalidArgumentError("--extractor: specwire-cli talks to one extractor (host:port or "
+                                   "dns:///name:port), not a list"),
+        2);
   }
-  ClientSecurityFiles security_files;
-  security_files.tls = Has(f, "tls");
-  security_files.ca_file = Get(f, "tls-ca");
-  security_files.cert_file = Get(f, "tls-client-cert");
-  security_files.key_file = Get(f, "tls-client-key");
-  security_files.server_name = Get(f, "tls-server-name");
-  security_files.token_file = Get(f, "auth-token-file");
-  security_files.dashed = true;
-  auto security = LoadClientSecurity(security_files);
-  if (!security.ok()) return fail(security.status(), 2);
-  options.security = *std::move(security);
-  if (command == "health") {
-    auto status =
-        CheckHealth(options.target, Get(f, "service"), options.timeout_seconds, options.security);
-    if (!status.ok()) return fail(status.status(), 1);
-    std::cout << ServingStatusName(*status) << "\n";
-    return *status == ServingStatus::kServing ? 0 : 1;
-  }
-  ExtractorClient client(options);
+  ExtractorClient client(connection->client);
   absl::Status s;
   if (command == "info") {
     auto c = client.Info();
     if (c.ok()) std::cout << ContractToJson(*c) << "\n";
     s = c.status();
   } else if (command == "extract") {
-    s = RunExtract(client, *extract, Get(f, "out"));
+    auto dtype = ResolveWireDType(client);
+    s = dtype.status();
+    if (dtype.ok()) {
+      extract->dtype = *dtype;
+      s = RunExtract(client, *extract, absl::GetFlag(FLAGS_out));
+    }
   } else {
-    s = RunGenerate(client, *generate, Get(f, "out"), Has(f, "decode"));
+    auto dtype = ResolveWireDType(client);
+    s = dtype.status();
+    if (dtype.ok()) {
+      generate->dtype = *dtype;
+      s = RunGenerate(client, *generate, absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_decode));
+    }
   }
-  return s.ok() ? 0 : fail(s, 1);
+  return s.ok() ? 0 : Fail(s, 1);
 }
 
 }  // namespace

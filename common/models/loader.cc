@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   SW_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
   SW_ASSIGN_OR_RETURN(loaded->config, ParseModelConfig(config_text, config_path));
+  SW_RETURN_IF_ERROR(CheckTargetConfig(loaded->config, config_path));
   const std::string gen_path = (std::filesystem::path(dir) / "generation_config.json").string();
   if (std::filesystem::exists(gen_path)) {
     SW_ASSIGN_OR_RETURN(std::string gen_text, ReadFileToString(gen_path));

@@ -1,5 +1,6 @@
 #include "common/models/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace specwire {
@@ -8,12 +9,42 @@ namespace {
 // Python's `scalar / tensor` is `tensor.reciprocal() * scalar`; keep that rounding.
 at::Tensor ScalarDiv(double s, const at::Tensor& t) { return at::reciprocal(t) * s; }
 
+// YaRN (transformers' _compute_yarn_parameters, operation by operation: fp32 tensors, double
+// scalars): frequencies blended between extrapolation (high frequencies, kept) and
+// interpolation (low frequencies, divided by `factor`) over a linear ramp between the
+// correction dimensions of beta_fast and beta_slow rotations.
+at::Tensor YarnInverseFrequencies(const RopeConfig& rope, int64_t dim) {
+  const double base = rope.theta;
+  const double omax = static_cast<double>(rope.original_max_position_embeddings);
+  auto correction_dim = [&](double num_rotations) {
+    return (static_cast<double>(dim) * std::log(omax / (num_rotations * 2 * M_PI))) /
+           (2 * std::log(base));
+  };
+  double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // prevents a singular ramp
+  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  at::Tensor pos_freqs =
+      at::pow(at::Scalar(base), at::arange(0, dim, 2, at::kLong).to(at::kFloat) / dim);
+  at::Tensor extrapolation = at::reciprocal(pos_freqs) * 1.0;
+  at::Tensor interpolation = at::reciprocal(pos_freqs * rope.factor) * 1.0;
+  at::Tensor extrapolation_factor = 1 - ramp;
+  return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
 }  // namespace
 
-RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
-    : rotary_dim_(static_cast<int64_t>(static_cast<double>(head_dim) *
-                                       rope.partial_rotary_factor)) {
-  const int64_t dim = rotary_dim_;
+RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim) {
+  // transformers' dim = int(head_dim × partial_rotary_factor); an odd dim still gives
+  // ceil(dim / 2) frequencies (arange(0, dim, 2)), which turn twice as many dims.
+  const int64_t dim =
+      static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  rotary_dim_ = 2 * ((dim + 1) / 2);
   // inv_freq = 1 / (theta ** (arange(0, dim, 2) / dim))
   at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
   at::Tensor inv_freq = ScalarDiv(1.0, at::pow(at::Scalar(rope.theta), exponents));
@@ -30,9 +61,12 @@ RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
     at::Tensor smooth = (ScalarDiv(old_len, wavelen) - rope.low_freq_factor) /
                         (rope.high_freq_factor - rope.low_freq_factor);
     at::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
-    at::Tensor medium = at::logical_not(wavelen < high_freq_wavelen) *
-                        at::logical_not(wavelen > low_freq_wavelen);
+    at::Tensor medium =
+        at::logical_not(wavelen < high_freq_wavelen) * at::logical_not(wavelen > low_freq_wavelen);
     inv_freq = at::where(medium, smoothed, scaled);
+  } else if (rope.type == "yarn") {
+    inv_freq = YarnInverseFrequencies(rope, dim);
+    attention_scaling_ = rope.attention_factor;
   }
   inv_freq_ = inv_freq.contiguous();
 }
@@ -41,10 +75,11 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::CosSin(int64_t start, int64_t
                                                           at::ScalarType dtype,
                                                           const at::Device& device) const {
   at::Tensor pos = at::arange(start, start + len, at::kLong).to(at::kFloat);  // [T]
-  at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);              // [T, dim/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1);                              // [T, dim]
-  // attention_scaling is 1.0 for default, linear and llama3.
-  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);               // [T, dim/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);                               // [T, dim]
+  // attention_scaling is 1.0 for default, linear and llama3 (an exact no-op in fp32).
+  return {(emb.cos() * attention_scaling_).to(device, dtype),
+          (emb.sin() * attention_scaling_).to(device, dtype)};
 }
 
 at::Tensor RotaryEmbedding::Apply(const at::Tensor& x, const at::Tensor& cos,

@@ -1,6 +1,8 @@
-// Rotary position embedding (RoPE) as transformers computes it: inverse frequencies in fp32
-// (with "linear" or "llama3" rescaling), cos/sin of position × frequency in fp32, rounded to the
-// compute dtype, applied with the half-split rotate_half on the first rotary_dim dims of a head.
+// Rotary position embedding (RoPE) as transformers computes it, for targets and drafters alike:
+// inverse frequencies in fp32 (default, "linear", "llama3" or "yarn" rescaling), cos/sin of
+// position × frequency in fp32 times the attention scaling (YaRN's attention factor, else 1),
+// rounded to the compute dtype, applied with the half-split rotate_half on the first rotary_dim
+// dims of a head. The config side (which keys, which defaults) is ParseRope in model_config.cc.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,6 +17,7 @@ class RotaryEmbedding {
 
   int64_t rotary_dim() const { return rotary_dim_; }
   const at::Tensor& inv_freq() const { return inv_freq_; }  // [rotary_dim / 2] fp32, CPU
+  double attention_scaling() const { return attention_scaling_; }
 
   // cos and sin for positions [start, start + len), each [len, rotary_dim] in `dtype` on `device`.
   std::pair<at::Tensor, at::Tensor> CosSin(int64_t start, int64_t len, at::ScalarType dtype,
@@ -27,6 +30,7 @@ class RotaryEmbedding {
  private:
   int64_t rotary_dim_;
   at::Tensor inv_freq_;
+  double attention_scaling_ = 1.0;
 };
 
 }  // namespace specwire

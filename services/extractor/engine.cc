@@ -41,38 +41,88 @@ absl::Status ExtractionEngine::Validate(const std::vector<std::vector<int64_t>>&
       return absl::InvalidArgumentError(
           absl::StrCat("layer_ids: ", id, " is outside [0, ", config().num_layers,
                        ") (layer k = output of decoder layer k = HF hidden_states[k+1]; use the "
-                       "final_norm tap for hidden_states[", config().num_layers, "])"));
+                       "final_norm tap for hidden_states[",
+                       config().num_layers, "])"));
     }
   }
   return absl::OkStatus();
 }
 
+absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field) {
+  if (name == "per_sequence") return BatchLayout::kPerSequence;
+  if (name == "padded") return BatchLayout::kPadded;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": \"", name, "\" is not a batch layout (per_sequence, padded)"));
+}
+
+const char* BatchLayoutName(BatchLayout layout) {
+  return layout == BatchLayout::kPadded ? "padded" : "per_sequence";
+}
+
+namespace {
+
+// One forward over `sequences` right-padded with token 0 (causal layers never let a real token
+// see the padding); each sequence's states go to out[first + b].
+void ForwardPadded(DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+                   size_t first, size_t count, const CaptureSpec& capture, at::ScalarType out_dtype,
+                   std::vector<SequenceStates>& out) {
+  const int64_t B = static_cast<int64_t>(count);
+  int64_t T = 0;
+  for (size_t b = 0; b < count; ++b) T = std::max<int64_t>(T, sequences[first + b].size());
+  at::Tensor ids = at::zeros({B, T}, at::kLong);
+  auto acc = ids.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& seq = sequences[first + b];
+    for (size_t t = 0; t < seq.size(); ++t) acc[b][t] = seq[t];
+  }
+  CapturedStates captured;
+  model.Forward(ids, nullptr, capture, &captured, LogitsMode::kNone);
+  auto take = [&](const at::Tensor& full, int64_t b) {
+    const int64_t len = static_cast<int64_t>(sequences[first + b].size());
+    return full.select(0, b).narrow(0, 0, len).to(at::kCPU, out_dtype).contiguous();
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    SequenceStates& o = out[first + b];
+    if (captured.embedding.defined()) o.embedding = take(captured.embedding, b);
+    for (const auto& [id, t] : captured.layers) o.layers[id] = take(t, b);
+    if (captured.final_norm.defined()) o.final_norm = take(captured.final_norm, b);
+  }
+}
+
+}  // namespace
+
+ExtractionEngine::ExtractionEngine(std::unique_ptr<LoadedModel> model) : model_(std::move(model)) {
+  SetBatchLayout(BatchLayout::kPerSequence);
+}
+
+void ExtractionEngine::SetBatchLayout(BatchLayout layout) {
+  std::string& k = model_->contract.kernel_variant;
+  const size_t at = k.find("; batch layout ");
+  if (at != std::string::npos) k.resize(at);
+  layout_ = layout;
+  absl::StrAppend(&k, "; batch layout ", BatchLayoutName(layout),
+                  layout == BatchLayout::kPerSequence ? " (batch-invariant)" : "");
+}
+
 absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
     const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture,
     at::ScalarType out_dtype) {
+  return Extract(sequences, capture, out_dtype, layout_);
+}
+
+absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
+    const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture,
+    at::ScalarType out_dtype, BatchLayout layout) {
   SW_RETURN_IF_ERROR(Validate(sequences, capture));
   std::vector<SequenceStates> out(sequences.size());
   absl::Status status = RunGuarded("extract", [&]() -> absl::Status {
     c10::InferenceMode inference;
-    const int64_t B = static_cast<int64_t>(sequences.size());
-    int64_t T = 0;
-    for (const auto& s : sequences) T = std::max<int64_t>(T, s.size());
-    // Right padding with token 0: causal layers never let a real token see the padding.
-    at::Tensor ids = at::zeros({B, T}, at::kLong);
-    auto acc = ids.accessor<int64_t, 2>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (size_t t = 0; t < sequences[b].size(); ++t) acc[b][t] = sequences[b][t];
-    }
-    CapturedStates captured;
-    model().Forward(ids, nullptr, capture, &captured, LogitsMode::kNone);
-    auto take = [&](const at::Tensor& full, int64_t b) {
-      const int64_t len = static_cast<int64_t>(sequences[b].size());
-      return full.select(0, b).narrow(0, 0, len).to(at::kCPU, out_dtype).contiguous();
-    };
-    for (int64_t b = 0; b < B; ++b) {
-      if (captured.embedding.defined()) out[b].embedding = take(captured.embedding, b);
-      for (const auto& [id, t] : captured.layers) out[b].layers[id] = take(t, b);
-      if (captured.final_norm.defined()) out[b].final_norm = take(captured.final_norm, b);
+    if (layout == BatchLayout::kPadded) {
+      ForwardPadded(model(), sequences, 0, sequences.size(), capture, out_dtype, out);
+    } else {
+      for (size_t b = 0; b < sequences.size(); ++b) {
+        ForwardPadded(model(), sequences, b, 1, capture, out_dtype, out);
+      }
     }
     return absl::OkStatus();
   });
@@ -95,8 +145,8 @@ absl::StatusOr<TensorBytes> ExtractionEngine::StoredTensor(const std::string& na
   if (source.starts_with("model.")) source = contract().weight_prefix + source.substr(6);
   const TensorView* view = model_->checkpoint->Find(source);
   if (view == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is not in the checkpoint (looked for \"",
-                                            source, "\")"));
+    return absl::NotFoundError(absl::StrCat(
+        "tensor \"", name, "\" is not in the checkpoint (looked for \"", source, "\")"));
   }
   TensorBytes t;
   t.name = name;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/models/decoder.h"
 #include "common/models/generate.h"
 #include "common/models/loader.h"
@@ -24,13 +25,31 @@ struct SequenceStates {
   at::Tensor final_norm;                 // when requested
 };
 
+// How Extract lays out several sequences.
+enum class BatchLayout {
+  // Each sequence runs through its own forward, unpadded: its hidden states are bit-identical
+  // whatever else shares the request or the batch (fp32 and bf16; a GEMM's rounding may depend on
+  // its row count, so sequences never share one). The canonical extraction path and the default.
+  kPerSequence,
+  // One right-padded forward for all sequences: fewer, larger GEMMs, but a sequence's low bits
+  // depend on what else is in the batch (bf16: up to ~1e-2 relative). For throughput comparisons.
+  kPadded,
+};
+
+// "per_sequence" | "padded"; INVALID_ARGUMENT names `field`.
+absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field);
+const char* BatchLayoutName(BatchLayout layout);
+
 class ExtractionEngine {
  public:
   static absl::StatusOr<std::unique_ptr<ExtractionEngine>> Load(const std::string& model_dir,
                                                                 const LoadOptions& options);
-  explicit ExtractionEngine(std::unique_ptr<LoadedModel> model) : model_(std::move(model)) {}
+  explicit ExtractionEngine(std::unique_ptr<LoadedModel> model);
 
   const ExtractionContract& contract() const { return model_->contract; }
+  // The layout Extract uses by default; the contract's kernel_variant says which it is.
+  void SetBatchLayout(BatchLayout layout);
+  BatchLayout batch_layout() const { return layout_; }
   const ModelConfig& config() const { return model_->config; }
   DecoderModel& model() { return *model_->model; }
 
@@ -39,11 +58,14 @@ class ExtractionEngine {
   absl::Status Validate(const std::vector<std::vector<int64_t>>& sequences,
                         const CaptureSpec& capture) const;
 
-  // Runs the sequences as one right-padded batch and returns each sequence's requested states
-  // converted to `out_dtype` on the CPU.
+  // Runs the sequences (see BatchLayout) and returns each sequence's requested states converted
+  // to `out_dtype` on the CPU.
   absl::StatusOr<std::vector<SequenceStates>> Extract(
       const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture,
       at::ScalarType out_dtype);
+  absl::StatusOr<std::vector<SequenceStates>> Extract(
+      const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture,
+      at::ScalarType out_dtype, BatchLayout layout);
 
   absl::StatusOr<GenerateResult> Generate(const std::vector<int64_t>& prompt,
                                           const GenerateOptions& options,
@@ -56,6 +78,7 @@ class ExtractionEngine {
 
  private:
   std::unique_ptr<LoadedModel> model_;
+  BatchLayout layout_ = BatchLayout::kPerSequence;
   std::map<std::string, std::string> digests_;  // tensor name → digest, computed on first use
 };
 

@@ -1,6 +1,7 @@
 // The extractor's work queue: requests wait in a bounded queue; one worker thread owns the engine
 // and runs queued Extract requests together as one batch, up to a token budget (dynamic
 // batching). Generate requests run one at a time. Reactions (gRPC threads) only ever enqueue.
+// The scorer's ScoreWorker (services/scorer/score_worker.h) says why the two are not one queue.
 #pragma once
 
 #include <atomic>

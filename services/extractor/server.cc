@@ -1,34 +1,97 @@
 #include "services/extractor/server.h"
 
-#include <chrono>
-#include <deque>
+#include <algorithm>
 #include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/stream_reactor.h"
 #include "common/status.h"
-#include "common/stream_reactor.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "common/wire.h"
 
 namespace specwire {
 namespace {
 
-v1::Tap ToProtoTap(StateTap t) {
-  switch (t) {
-    case StateTap::kEmbedding:
-      return v1::TAP_EMBEDDING;
-    case StateTap::kFinalNorm:
-      return v1::TAP_FINAL_NORM;
-    case StateTap::kLayerOutput:
-      return v1::TAP_LAYER_OUTPUT;
-  }
-  return v1::TAP_LAYER_OUTPUT;
-}
+// What one hidden-state stream sends after the contract, besides its chunks and trailer.
+template <class Response>
+struct StreamBody {
+  // Token ids of each sequence the states cover (their row count), in sequence_index order.
+  std::vector<std::vector<int64_t>> sequences;
+  // Messages that go before the states; null: none.
+  typename StreamReactor<Response>::Producer before_states;
+};
 
-// Emits, lazily, the SequenceInfo and HiddenStateChunk messages of a list of host states: one
-// SequenceInfo before the first state of each sequence, then the state's chunks in row order.
+// The two hidden-state streams: what ExtractorService::StreamHiddenStates needs to know of each.
+// kWork / kInputs / kOnDone name the Job members of that kind (scheduler.h).
+struct ExtractRpc {
+  using Request = v1::ExtractRequest;
+  using Response = v1::ExtractResponse;
+  using Work = ExtractWork;
+  using Output = ExtractOutput;
+  static constexpr const char* kMethod = "Extract";
+  static constexpr Job::Kind kKind = Job::Kind::kExtract;
+  static constexpr auto kWork = &Job::extract;
+  static constexpr auto kInputs = &ExtractWork::sequences;
+  static constexpr auto kOnDone = &Job::on_extract_done;
+  // A SequenceInfo (the token ids as the server saw them) before each sequence's states.
+  static constexpr bool kAnnouncesSequences = true;
+
+  static absl::StatusOr<Work> Validate(const ExtractorService& service, const Request& request) {
+    return service.ValidateExtract(request);
+  }
+  // The states cover the inputs themselves.
+  static StreamBody<Response> Body(std::vector<std::vector<int64_t>> inputs, const Output&) {
+    return {std::move(inputs), nullptr};
+  }
+};
+
+struct GenerateRpc {
+  using Request = v1::GenerateRequest;
+  using Response = v1::GenerateResponse;
+  using Work = GenerateWork;
+  using Output = GenerateOutput;
+  static constexpr const char* kMethod = "Generate";
+  static constexpr Job::Kind kKind = Job::Kind::kGenerate;
+  static constexpr auto kWork = &Job::generate;
+  static constexpr auto kInputs = &GenerateWork::prompts;
+  static constexpr auto kOnDone = &Job::on_generate_done;
+  // Generate streams carry the Completions instead of SequenceInfo.
+  static constexpr bool kAnnouncesSequences = false;
+
+  static absl::StatusOr<Work> Validate(const ExtractorService& service, const Request& request) {
+    return service.ValidateGenerate(request);
+  }
+  // Every Completion first; the states cover prompt + completion.
+  static StreamBody<Response> Body(std::vector<std::vector<int64_t>> prompts, const Output& out) {
+    StreamBody<Response> body;
+    auto completions = std::make_shared<std::vector<v1::Completion>>();
+    for (size_t i = 0; i < out.completions.size(); ++i) {
+      const std::vector<int64_t>& completion = out.completions[i].tokens;
+      completions->emplace_back();
+      CompletionToProto(static_cast<uint32_t>(i), prompts[i], out.completions[i],
+                        &completions->back());
+      std::vector<int64_t> seq = std::move(prompts[i]);
+      seq.insert(seq.end(), completion.begin(), completion.end());
+      body.sequences.push_back(std::move(seq));
+    }
+    body.before_states = [completions, i = size_t{0}](Response* m) mutable {
+      if (i >= completions->size()) return false;
+      *m->mutable_completion() = std::move((*completions)[i++]);
+      return true;
+    };
+    return body;
+  }
+};
+
+// Emits, lazily, the messages of a list of host states: when `Rpc` announces sequences, one
+// SequenceInfo before the first state of each sequence; then the state's chunks in row order.
 // Holds the states (and so the engine's buffers) until the stream has written them.
+template <class Rpc>
 class ChunkProducer {
  public:
   ChunkProducer(std::vector<HostState> states, std::vector<std::vector<int64_t>> token_ids,
@@ -38,17 +101,17 @@ class ChunkProducer {
         max_chunk_bytes_(max_chunk_bytes),
         metrics_(metrics) {}
 
-  // Fills the next message into `info` or `chunk` (exactly one); false when exhausted.
-  bool Next(v1::SequenceInfo* info, v1::HiddenStateChunk* chunk, bool* is_info) {
+  // Fills the next message into `m`; false when exhausted.
+  bool Next(typename Rpc::Response* m) {
     while (state_ < states_.size()) {
       const HostState& s = states_[state_];
       if (static_cast<int64_t>(s.sequence_index) != last_sequence_) {
         last_sequence_ = s.sequence_index;
-        info->set_sequence_index(s.sequence_index);
-        for (int64_t id : token_ids_[s.sequence_index])
-          info->add_token_ids(static_cast<int32_t>(id));
-        *is_info = true;
-        return true;
+        if constexpr (Rpc::kAnnouncesSequences) {
+          SequenceInfoToProto(s.sequence_index, token_ids_[s.sequence_index],
+                              m->mutable_sequence());
+          return true;
+        }
       }
       if (chunk_ == 0) {
         plan_ = PlanChunks(s.bytes, s.rows, s.hidden * static_cast<int64_t>(DTypeSize(s.dtype)),
@@ -56,21 +119,10 @@ class ChunkProducer {
       }
       if (chunk_ < plan_.size()) {
         const ChunkSpan& c = plan_[chunk_++];
-        chunk->set_sequence_index(s.sequence_index);
-        chunk->mutable_state()->set_tap(ToProtoTap(s.tap));
-        chunk->mutable_state()->set_layer_id(s.tap == StateTap::kLayerOutput ? s.layer_id : 0);
-        chunk->set_hf_hidden_states_index(s.hf_index);
-        chunk->set_token_start(static_cast<uint32_t>(c.row_start));
-        chunk->set_token_count(static_cast<uint32_t>(c.row_count));
-        chunk->set_sequence_length(static_cast<uint32_t>(s.rows));
-        chunk->set_hidden_size(static_cast<uint32_t>(s.hidden));
-        chunk->set_dtype(WireDTypeToProto(s.dtype));
-        chunk->set_data(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
-        chunk->set_crc32c(Crc32c(c.bytes));
+        HiddenStateChunkToProto(s, c, m->mutable_chunk());
         ++chunks_;
         bytes_ += static_cast<int64_t>(c.bytes.size());
         metrics_->BytesStreamed(static_cast<int64_t>(c.bytes.size()));
-        *is_info = false;
         return true;
       }
       // State fully written: release its buffer early.
@@ -96,6 +148,45 @@ class ChunkProducer {
   int64_t chunks_ = 0;
   int64_t bytes_ = 0;
 };
+
+// The job's completion callback (on the worker thread): after the contract, the stream carries
+// the body's messages, the states' chunks, then the trailer; or it fails with the job's error.
+template <class Rpc>
+auto OnJobDone(StreamReactor<typename Rpc::Response>* r, ExtractorMetrics* metrics,
+               std::string request_id, int64_t chunk_bytes,
+               std::vector<std::vector<int64_t>> inputs) {
+  using Response = typename Rpc::Response;
+  return [r, metrics, request_id = std::move(request_id), chunk_bytes, inputs = std::move(inputs)](
+             absl::StatusOr<typename Rpc::Output> out, const Job::Timing& timing) mutable {
+    metrics->QueueWait(timing.queue_seconds);
+    if (!out.ok()) {
+      r->Fail(out.status());
+      r->ReleaseWork();
+      return;
+    }
+    StreamBody<Response> body = Rpc::Body(std::move(inputs), *out);
+    StreamTotals totals;
+    totals.request_id = request_id;
+    totals.sequences = static_cast<uint32_t>(body.sequences.size());
+    for (const auto& s : body.sequences) totals.tokens += s.size();
+    totals.queue_seconds = timing.queue_seconds;
+    totals.compute_seconds = timing.compute_seconds;
+    metrics->Tokens(Rpc::kMethod, static_cast<int64_t>(totals.tokens));
+    if (body.before_states) r->Send(std::move(body.before_states));
+    auto producer = std::make_shared<ChunkProducer<Rpc>>(
+        std::move(out->states), std::move(body.sequences), chunk_bytes, metrics);
+    r->Send([producer](Response* m) { return producer->Next(m); });
+    r->Send([producer, totals, sent = false](Response* m) mutable {
+      if (sent) return false;
+      totals.chunks = static_cast<uint64_t>(producer->chunks());
+      totals.bytes = static_cast<uint64_t>(producer->bytes());
+      StreamTotalsToProto(totals, m->mutable_trailer());
+      return sent = true;
+    });
+    r->Complete();
+    r->ReleaseWork();
+  };
+}
 
 }  // namespace
 
@@ -194,10 +285,11 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInput
 
 absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(
     const v1::LayerSelection& s) const {
-  StateSelection sel;
+  StateSelection sel = StateSelectionFromProto(s);
   const int64_t L = backend_->num_layers();
-  for (int i = 0; i < s.layer_ids_size(); ++i) {
-    const int64_t id = s.layer_ids(i);
+  std::vector<int64_t> unique;
+  for (size_t i = 0; i < sel.layer_ids.size(); ++i) {
+    const int64_t id = sel.layer_ids[i];
     if (id < 0 || id >= L) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layers.layer_ids[", i, "] = ", id, " is outside [0, ", L,
@@ -205,26 +297,17 @@ absl::StatusOr<StateSelection> ExtractorService::ResolveSelection(
           "for HF hidden_states[",
           L, "] and embedding for hidden_states[0]"));
     }
-    if (std::find(sel.layer_ids.begin(), sel.layer_ids.end(), id) == sel.layer_ids.end()) {
-      sel.layer_ids.push_back(id);
-    }
+    if (std::find(unique.begin(), unique.end(), id) == unique.end()) unique.push_back(id);
   }
-  sel.embedding = s.embedding();
-  sel.final_norm = s.final_norm();
+  sel.layer_ids = std::move(unique);
   return sel;
 }
 
 absl::StatusOr<DType> ExtractorService::ResolveDType(v1::WireDType d, const char* field) const {
-  switch (d) {
-    case v1::WIRE_DTYPE_UNSPECIFIED:
-    case v1::WIRE_DTYPE_BF16:
-      return DType::kBF16;
-    case v1::WIRE_DTYPE_F32:
-      return DType::kF32;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(field, ": ", static_cast<int>(d),
-                                                     " is not a hidden-state dtype (BF16 or F32)"));
-  }
+  const absl::StatusOr<DType> dtype = WireDTypeFromProto(d);
+  if (dtype.ok() && (*dtype == DType::kBF16 || *dtype == DType::kF32)) return *dtype;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", static_cast<int>(d), " is not a hidden-state dtype (BF16 or F32)"));
 }
 
 absl::StatusOr<int64_t> ExtractorService::ResolveChunkBytes(uint32_t requested) const {
@@ -257,7 +340,7 @@ absl::StatusOr<GenerateWork> ExtractorService::ValidateGenerate(
   if (request.max_new_tokens() > limits_.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", request.max_new_tokens(),
                                                    " exceeds the limit of ", limits_.max_new_tokens,
-                                                   " (--max_new_tokens)"));
+                                                   " (--max_new_tokens_limit)"));
   }
   work.max_new_tokens = request.max_new_tokens();
   for (int i = 0; i < request.stop_token_ids_size(); ++i) {
@@ -285,11 +368,13 @@ grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerCon
   return r;
 }
 
-grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
-    grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
+template <class Rpc>
+grpc::ServerWriteReactor<typename Rpc::Response>* ExtractorService::StreamHiddenStates(
+    grpc::CallbackServerContext* ctx, const typename Rpc::Request& request) {
+  using Response = typename Rpc::Response;
   const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::ExtractResponse>(SteadyDeadline(ctx), DoneHook("Extract"),
-                                                   SlotRelease(slot));
+  auto* r =
+      new StreamReactor<Response>(SteadyDeadline(ctx), DoneHook(Rpc::kMethod), SlotRelease(slot));
   if (!slot) {
     r->Fail(absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
                                                       limits_.max_concurrent_streams,
@@ -297,68 +382,26 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
     return r;
   }
   auto job = std::make_shared<Job>();
-  job->kind = Job::Kind::kExtract;
-  absl::StatusOr<ExtractWork> valid = ValidateExtract(*request);
+  job->kind = Rpc::kKind;
+  absl::StatusOr<typename Rpc::Work> valid = Rpc::Validate(*this, request);
   if (!valid.ok()) {
     r->Fail(valid.status());
     return r;
   }
-  job->extract = *std::move(valid);
-  const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
-  v1::ExtractionContract contract;
-  ContractToProto(backend_->contract(), &contract);
+  typename Rpc::Work& work = (*job).*Rpc::kWork;
+  work = *std::move(valid);
+  const int64_t chunk_bytes = ResolveChunkBytes(request.max_chunk_bytes()).value();
+  // The contract is queued before the job is submitted, so it is always the first message; writes
+  // wait (Pause) until the job is accepted, so a refused submission still reaches the client as a
+  // plain error status.
   r->Pause();
-  v1::ExtractResponse first;
-  *first.mutable_contract() = std::move(contract);
+  Response first;
+  ContractToProto(backend_->contract(), first.mutable_contract());
   r->SendMessage(std::move(first));
 
   job->deadline = SteadyDeadline(ctx);
-  const std::string request_id = request->request_id();
-  int64_t tokens = 0;
-  for (const auto& s : job->extract.sequences) tokens += static_cast<int64_t>(s.size());
-  ExtractorMetrics* metrics = metrics_;
-  std::vector<std::vector<int64_t>> token_ids = job->extract.sequences;
-  job->on_extract_done = [r, metrics, request_id, tokens, chunk_bytes,
-                          token_ids = std::move(token_ids)](absl::StatusOr<ExtractOutput> out,
-                                                            const Job::Timing& timing) mutable {
-    metrics->QueueWait(timing.queue_seconds);
-    if (!out.ok()) {
-      r->Fail(out.status());
-      r->ReleaseWork();
-      return;
-    }
-    metrics->Tokens("Extract", tokens);
-    const uint32_t n_seq = static_cast<uint32_t>(token_ids.size());
-    auto producer = std::make_shared<ChunkProducer>(std::move(out->states), std::move(token_ids),
-                                                    chunk_bytes, metrics);
-    r->Send([producer](v1::ExtractResponse* m) {
-      v1::SequenceInfo info;
-      v1::HiddenStateChunk chunk;
-      bool is_info = false;
-      if (!producer->Next(&info, &chunk, &is_info)) return false;
-      if (is_info) {
-        *m->mutable_sequence() = std::move(info);
-      } else {
-        *m->mutable_chunk() = std::move(chunk);  // a swap: the payload is not copied again
-      }
-      return true;
-    });
-    r->Send([producer, request_id, n_seq, tokens, timing,
-             sent = false](v1::ExtractResponse* m) mutable {
-      if (sent) return false;
-      auto* t = m->mutable_trailer();
-      t->set_request_id(request_id);
-      t->set_sequences(n_seq);
-      t->set_tokens(static_cast<uint64_t>(tokens));
-      t->set_chunks(static_cast<uint64_t>(producer->chunks()));
-      t->set_bytes(static_cast<uint64_t>(producer->bytes()));
-      t->set_queue_seconds(timing.queue_seconds);
-      t->set_compute_seconds(timing.compute_seconds);
-      return sent = true;
-    });
-    r->Complete();
-    r->ReleaseWork();
-  };
+  (*job).*Rpc::kOnDone =
+      OnJobDone<Rpc>(r, metrics_, request.request_id(), chunk_bytes, work.*Rpc::kInputs);
   Scheduler* scheduler = scheduler_;
   r->AttachWork([job, scheduler](bool deadline) {
     job->cancelled = true;
@@ -378,114 +421,14 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
   return r;
 }
 
+grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
+    grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
+  return StreamHiddenStates<ExtractRpc>(ctx, *request);
+}
+
 grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
-  const bool slot = TryOpenStream();
-  auto* r = new StreamReactor<v1::GenerateResponse>(SteadyDeadline(ctx), DoneHook("Generate"),
-                                                    SlotRelease(slot));
-  if (!slot) {
-    r->Fail(absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
-                                                      limits_.max_concurrent_streams,
-                                                      ", --max_concurrent_streams); retry later")));
-    return r;
-  }
-  auto job = std::make_shared<Job>();
-  job->kind = Job::Kind::kGenerate;
-  absl::StatusOr<GenerateWork> valid = ValidateGenerate(*request);
-  if (!valid.ok()) {
-    r->Fail(valid.status());
-    return r;
-  }
-  job->generate = *std::move(valid);
-  const int64_t chunk_bytes = ResolveChunkBytes(request->max_chunk_bytes()).value();
-  v1::ExtractionContract contract;
-  ContractToProto(backend_->contract(), &contract);
-  r->Pause();
-  v1::GenerateResponse first;
-  *first.mutable_contract() = std::move(contract);
-  r->SendMessage(std::move(first));
-  job->deadline = SteadyDeadline(ctx);
-  const std::string request_id = request->request_id();
-  ExtractorMetrics* metrics = metrics_;
-  std::vector<std::vector<int64_t>> prompts = job->generate.prompts;
-  job->on_generate_done = [r, metrics, request_id, chunk_bytes, prompts = std::move(prompts)](
-                              absl::StatusOr<GenerateOutput> out, const Job::Timing& timing) {
-    metrics->QueueWait(timing.queue_seconds);
-    if (!out.ok()) {
-      r->Fail(out.status());
-      r->ReleaseWork();
-      return;
-    }
-    int64_t tokens = 0;
-    std::vector<std::vector<int64_t>> full;
-    auto completions = std::make_shared<std::vector<v1::Completion>>();
-    for (size_t i = 0; i < out->completions.size(); ++i) {
-      v1::Completion c;
-      c.set_sequence_index(static_cast<uint32_t>(i));
-      for (int64_t t : prompts[i]) c.add_prompt_token_ids(static_cast<int32_t>(t));
-      for (int64_t t : out->completions[i].tokens)
-        c.add_completion_token_ids(static_cast<int32_t>(t));
-      c.set_finish_reason(out->completions[i].finish_reason);
-      completions->push_back(std::move(c));
-      std::vector<int64_t> seq = prompts[i];
-      seq.insert(seq.end(), out->completions[i].tokens.begin(), out->completions[i].tokens.end());
-      tokens += static_cast<int64_t>(seq.size());
-      full.push_back(std::move(seq));
-    }
-    metrics->Tokens("Generate", tokens);
-    r->Send([completions, i = size_t{0}](v1::GenerateResponse* m) mutable {
-      if (i >= completions->size()) return false;
-      *m->mutable_completion() = std::move((*completions)[i++]);
-      return true;
-    });
-    const uint32_t n_seq = static_cast<uint32_t>(full.size());
-    auto producer = std::make_shared<ChunkProducer>(std::move(out->states), std::move(full),
-                                                    chunk_bytes, metrics);
-    r->Send([producer](v1::GenerateResponse* m) {
-      // Generate streams carry completions instead of SequenceInfo: skip those.
-      v1::SequenceInfo info;
-      v1::HiddenStateChunk chunk;
-      bool is_info = true;
-      while (is_info) {
-        info.Clear();
-        if (!producer->Next(&info, &chunk, &is_info)) return false;
-      }
-      *m->mutable_chunk() = std::move(chunk);
-      return true;
-    });
-    r->Send([producer, request_id, n_seq, tokens, timing,
-             sent = false](v1::GenerateResponse* m) mutable {
-      if (sent) return false;
-      auto* t = m->mutable_trailer();
-      t->set_request_id(request_id);
-      t->set_sequences(n_seq);
-      t->set_tokens(static_cast<uint64_t>(tokens));
-      t->set_chunks(static_cast<uint64_t>(producer->chunks()));
-      t->set_bytes(static_cast<uint64_t>(producer->bytes()));
-      t->set_queue_seconds(timing.queue_seconds);
-      t->set_compute_seconds(timing.compute_seconds);
-      return sent = true;
-    });
-    r->Complete();
-    r->ReleaseWork();
-  };
-  Scheduler* scheduler = scheduler_;
-  r->AttachWork([job, scheduler](bool deadline) {
-    job->cancelled = true;
-    // A queued job leaves the queue now (its callback fails the stream); a running one stops at
-    // its next check.
-    scheduler->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
-                                    : absl::CancelledError("request cancelled"));
-  });
-  absl::Status submitted = scheduler_->Submit(job);
-  metrics_->SetQueueDepth(scheduler_->queue_depth());
-  if (!submitted.ok()) {
-    r->Fail(submitted);  // before any message: the client sees a plain error status
-    r->ReleaseWork();    // the callback will never run
-  } else {
-    r->Resume();
-  }
-  return r;
+  return StreamHiddenStates<GenerateRpc>(ctx, *request);
 }
 
 grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext* ctx,
@@ -500,8 +443,7 @@ grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext
     for (int i = 0; i < request->texts_size(); ++i) {
       auto ids = tokenizer_->Encode(request->texts(i), request->add_special_tokens());
       if (!ids.ok()) return Annotate(ids.status(), absl::StrCat("texts[", i, "]"));
-      auto* out = response->add_sequences();
-      for (int64_t id : *ids) out->add_ids(static_cast<int32_t>(id));
+      TokenIdsToProto(*ids, response->add_sequences()->mutable_ids());
     }
     response->set_tokenizer_digest(backend_->contract().tokenizer_digest);
     return absl::OkStatus();
@@ -522,8 +464,7 @@ grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerConte
     }
     std::lock_guard<std::mutex> lock(tokenizer_mu_);
     for (int i = 0; i < request->sequences_size(); ++i) {
-      std::vector<int64_t> ids(request->sequences(i).ids().begin(),
-                               request->sequences(i).ids().end());
+      const std::vector<int64_t> ids = TokenIdsFromProto(request->sequences(i).ids());
       auto text = tokenizer_->Decode(ids, request->skip_special_tokens());
       if (!text.ok()) return Annotate(text.status(), absl::StrCat("sequences[", i, "]"));
       response->add_texts(*text);
@@ -571,14 +512,7 @@ grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
       if (offset < t.bytes.size() || (offset == 0 && t.bytes.empty())) {
         const uint64_t n = std::min<uint64_t>(chunk_bytes, t.bytes.size() - offset);
         auto piece = t.bytes.subspan(offset, n);
-        m->set_name(t.name);
-        for (int64_t d : t.shape) m->add_shape(d);
-        m->set_dtype(WireDTypeToProto(t.dtype));
-        m->set_offset(offset);
-        m->set_total_bytes(t.bytes.size());
-        m->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
-        m->set_crc32c(Crc32c(piece));
-        m->set_digest(t.digest);
+        TensorChunkToProto(t, offset, piece, m);
         metrics->BytesStreamed(static_cast<int64_t>(n));
         offset += n;
         if (t.bytes.empty()) offset = 1;  // an empty tensor sends one empty chunk

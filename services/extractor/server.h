@@ -2,8 +2,12 @@
 // stream results; they never run the engine themselves.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "proto/convert.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
@@ -54,11 +58,17 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   absl::StatusOr<ExtractWork> ValidateExtract(const v1::ExtractRequest& request) const;
   absl::StatusOr<GenerateWork> ValidateGenerate(const v1::GenerateRequest& request) const;
 
-
   // Streams currently open (for the concurrency limit).
   int64_t active_streams() const { return active_streams_.load(); }
 
  private:
+  // The one skeleton of the Extract and Generate streams (server.cc; `Rpc` is ExtractRpc or
+  // GenerateRpc there, naming what differs): a stream slot, validation, the contract as the first
+  // message, the job queued on the Scheduler with its cancel hook; when the job is done, the
+  // call's own messages (Generate's completions), the states' chunks and the trailer.
+  template <class Rpc>
+  grpc::ServerWriteReactor<typename Rpc::Response>* StreamHiddenStates(
+      grpc::CallbackServerContext* ctx, const typename Rpc::Request& request);
   struct Inputs;
   absl::StatusOr<std::vector<std::vector<int64_t>>> ResolveInputs(
       const google::protobuf::RepeatedPtrField<v1::SequenceInput>& inputs, bool add_special,

@@ -1,10 +1,10 @@
 // specwire-tokenize: common/tokenizer from the command line, one JSON document per line.
 //
-//   specwire-tokenize --tokenizer tokenizer.json [--add-special-tokens] < texts.jsonl
+//   specwire-tokenize --tokenizer tokenizer.json [--add_special_tokens] < texts.jsonl
 //       {"text": "Hello"}            ->  {"ids": [9707]}
-//   specwire-tokenize --tokenizer tokenizer.json --decode [--skip-special-tokens] < ids.jsonl
+//   specwire-tokenize --tokenizer tokenizer.json --decode [--skip_special_tokens] < ids.jsonl
 //       {"ids": [9707]}              ->  {"text": "Hello"}
-//   specwire-tokenize --tokenizer tokenizer.json --pre-tokenize < texts.jsonl
+//   specwire-tokenize --tokenizer tokenizer.json --pre_tokenize < texts.jsonl
 //       {"text": "Hello world"}      ->  {"pieces": ["Hello", "Ġworld"]}
 //
 // A line that fails (bad JSON, invalid UTF-8, unknown id) answers {"error": "..."} so that
@@ -17,31 +17,32 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, tokenizer, "", "tokenizer.json (byte-level BPE). Required.");
+ABSL_FLAG(bool, add_special_tokens, false, "Encode: apply the post-processor template (e.g. BOS).");
+ABSL_FLAG(bool, decode, false, "Decode ids instead of encoding text.");
+ABSL_FLAG(bool, skip_special_tokens, false, "Decode: drop special added tokens.");
+ABSL_FLAG(bool, pre_tokenize, false,
+          "Print the pre-tokenizer's pieces (byte-level alphabet) instead of ids.");
+ABSL_FLAG(bool, stats, false, "Print the time spent in Encode/Decode and token counts to stderr.");
 
 namespace specwire {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr char kUsage[] = R"(usage: specwire-tokenize --tokenizer FILE [flags] < lines.jsonl
+constexpr char kUsage[] = R"(specwire-tokenize --tokenizer FILE [flags] < lines.jsonl
 
 Reads one JSON object per line on stdin, writes one per line on stdout.
   encode (default): {"text": STRING}  ->  {"ids": [INT, ...]}
   --decode:         {"ids": [INT, ...]}  ->  {"text": STRING}
-  --pre-tokenize:   {"text": STRING}  ->  {"pieces": [STRING, ...]} (pre-tokenizer only)
-
-Flags:
-  --tokenizer FILE        tokenizer.json (byte-level BPE)                     [required]
-  --add-special-tokens    encode: apply the post-processor template (e.g. BOS)
-  --decode                decode ids instead of encoding text
-  --skip-special-tokens   decode: drop special added tokens
-  --pre-tokenize          print the pre-tokenizer's pieces (byte-level alphabet) instead of ids
-  --stats                 print time spent in Encode/Decode and token counts to stderr
-)";
+  --pre_tokenize:   {"text": STRING}  ->  {"pieces": [STRING, ...]} (pre-tokenizer only))";
 
 struct Options {
   std::string tokenizer_path;
@@ -52,28 +53,15 @@ struct Options {
   bool stats = false;
 };
 
-absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
+absl::StatusOr<Options> OptionsFromFlags(const std::vector<std::string>& args) {
+  if (!args.empty()) return absl::InvalidArgumentError("unexpected argument " + args[0]);
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--tokenizer" && i + 1 < argc) {
-      options.tokenizer_path = argv[++i];
-    } else if (arg.starts_with("--tokenizer=")) {
-      options.tokenizer_path = arg.substr(std::string("--tokenizer=").size());
-    } else if (arg == "--add-special-tokens") {
-      options.add_special_tokens = true;
-    } else if (arg == "--decode") {
-      options.decode = true;
-    } else if (arg == "--skip-special-tokens") {
-      options.skip_special_tokens = true;
-    } else if (arg == "--pre-tokenize") {
-      options.pre_tokenize = true;
-    } else if (arg == "--stats") {
-      options.stats = true;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", arg));
-    }
-  }
+  options.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  options.add_special_tokens = absl::GetFlag(FLAGS_add_special_tokens);
+  options.decode = absl::GetFlag(FLAGS_decode);
+  options.skip_special_tokens = absl::GetFlag(FLAGS_skip_special_tokens);
+  options.pre_tokenize = absl::GetFlag(FLAGS_pre_tokenize);
+  options.stats = absl::GetFlag(FLAGS_stats);
   if (options.tokenizer_path.empty()) return absl::InvalidArgumentError("--tokenizer is required");
   return options;
 }
@@ -118,9 +106,9 @@ absl::StatusOr<json> HandleLine(const Tokenizer& tokenizer, const Options& optio
 }
 
 int Main(int argc, char** argv) {
-  auto options = ParseFlags(argc, argv);
+  auto options = OptionsFromFlags(ParseCommandLineFlags(argc, argv, kUsage));
   if (!options.ok()) {
-    std::cerr << options.status().message() << "\n" << kUsage;
+    std::cerr << "specwire-tokenize: " << options.status().message() << " (see --help)\n";
     return 2;
   }
   auto tokenizer = Tokenizer::FromFile(options->tokenizer_path);

@@ -69,8 +69,10 @@ class TorchBackend : public ExtractorBackend {
 
   absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) override {
-    // One padded forward for every sequence of every request, capturing the union of what they
-    // asked for; each request then takes its own states in its own wire dtype.
+    // Every sequence of every request in one engine call (per sequence or padded: the engine's
+    // batch layout),
+    // capturing the union of what they asked for; each request then takes its own states in its
+    // own wire dtype.
     std::vector<std::vector<int64_t>> all;
     StateSelection united;
     bool same_dtype = true;
@@ -150,8 +152,11 @@ absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const Backend
   KeepFreedMemoryForReuse();
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(options.dtype));
+  SW_ASSIGN_OR_RETURN(const BatchLayout layout,
+                      ParseBatchLayout(options.batch_layout, "--batch_layout"));
   load.device_map = options.device_map;
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(options.model_dir, load));
+  engine->SetBatchLayout(layout);
   return std::unique_ptr<ExtractorBackend>(new TorchBackend(std::move(engine)));
 }
 

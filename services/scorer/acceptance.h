@@ -1,6 +1,6 @@
 // Acceptance statistics of a drafter on greedy trajectories (no torch, no protobuf).
 //
-// Conventions (shared DESIGN, dflash's benchmark):
+// Conventions (the proto's AcceptanceSummary, dflash's benchmark):
 //   acceptance length of a step = a + 1, where a = leading draft tokens equal to the trajectory
 //     (the bonus token is counted), so it lies in [1, B].
 //   τ per response = mean of its step lengths; τ (dflash's convention) = mean over responses of

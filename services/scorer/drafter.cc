@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
+#include "common/json_reader.h"
 #include "common/models/decoder.h"
 #include "common/models/rope.h"
 #include "common/models/torch_util.h"
@@ -23,113 +24,12 @@ namespace {
 
 using json = nlohmann::json;
 
-absl::Status KeyError(const std::string& source, absl::string_view key, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat(source, ": key \"", key, "\" ", problem));
-}
-
-// A value of config.json looked up the way dflash's `_draft_value` does: dflash_config first,
-// then the top level. `key` is the name used in error messages.
-struct DraftValue {
-  const json* value = nullptr;  // nullptr when absent or null
-  std::string key;
-};
-
-DraftValue LookUpDraftValue(const json& root, const json* dflash_config, const std::string& name) {
-  if (dflash_config != nullptr && dflash_config->contains(name)) {
-    const json& v = dflash_config->at(name);
-    return {v.is_null() ? nullptr : &v, "dflash_config." + name};
-  }
-  if (root.contains(name) && !root.at(name).is_null()) return {&root.at(name), name};
-  return {nullptr, "dflash_config." + name};
-}
-
-absl::StatusOr<double> NumberOr(const std::string& source, const DraftValue& v, double dflt) {
-  if (v.value == nullptr) return dflt;
-  if (!v.value->is_number()) {
-    return KeyError(source, v.key, absl::StrCat("must be a number, got ", v.value->dump()));
-  }
-  return v.value->get<double>();
-}
-
-// transformers' get_mscale.
-double YarnMscale(double scale, double mscale) {
-  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
-
-// rope_parameters / rope_scaling of type yarn → YarnRope; the dict is then removed from `layers`
-// (ParseModelConfig does not know yarn) after moving rope_theta / partial_rotary_factor out of it.
-absl::StatusOr<std::optional<YarnRope>> ExtractYarn(json& layers, const std::string& source) {
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!layers.contains(key) || layers.at(key).is_null()) continue;
-    const json r = layers.at(key);
-    if (!r.is_object()) return std::optional<YarnRope>();  // ParseModelConfig reports it
-    std::string type = "default";
-    for (const char* tk : {"rope_type", "type"}) {
-      if (r.contains(tk) && r.at(tk).is_string()) {
-        type = r.at(tk).get<std::string>();
-        break;
-      }
-    }
-    if (type != "yarn") return std::optional<YarnRope>();
-    auto num = [&](const char* k) -> absl::StatusOr<std::optional<double>> {
-      if (!r.contains(k) || r.at(k).is_null()) return std::optional<double>();
-      if (!r.at(k).is_number()) {
-        return KeyError(source, absl::StrCat(key, ".", k),
-                        absl::StrCat("must be a number, got ", r.at(k).dump()));
-      }
-      return std::optional<double>(r.at(k).get<double>());
-    };
-    YarnRope y;
-    // original_max_position_embeddings: a top-level key wins (transformers'
-    // standardize_rope_params), then the dict's, then max_position_embeddings.
-    int64_t max_pos = 32768;  // Qwen3Config's default
-    if (layers.contains("max_position_embeddings") &&
-        layers.at("max_position_embeddings").is_number_integer()) {
-      max_pos = layers.at("max_position_embeddings").get<int64_t>();
-    }
-    SW_ASSIGN_OR_RETURN(std::optional<double> omax, num("original_max_position_embeddings"));
-    if (layers.contains("original_max_position_embeddings") &&
-        layers.at("original_max_position_embeddings").is_number()) {
-      omax = layers.at("original_max_position_embeddings").get<double>();
-    }
-    y.original_max_position_embeddings = omax ? static_cast<int64_t>(*omax) : max_pos;
-    if (y.original_max_position_embeddings <= 0) {
-      return KeyError(source, absl::StrCat(key, ".original_max_position_embeddings"),
-                      "must be positive");
-    }
-    SW_ASSIGN_OR_RETURN(std::optional<double> factor, num("factor"));
-    y.factor = factor ? *factor : static_cast<double>(max_pos) / y.original_max_position_embeddings;
-    if (!(y.factor > 0)) return KeyError(source, absl::StrCat(key, ".factor"), "must be positive");
-    SW_ASSIGN_OR_RETURN(std::optional<double> attention_factor, num("attention_factor"));
-    SW_ASSIGN_OR_RETURN(std::optional<double> mscale, num("mscale"));
-    SW_ASSIGN_OR_RETURN(std::optional<double> mscale_all_dim, num("mscale_all_dim"));
-    if (attention_factor) {
-      y.attention_factor = *attention_factor;
-    } else if (mscale && *mscale != 0 && mscale_all_dim && *mscale_all_dim != 0) {
-      y.attention_factor = YarnMscale(y.factor, *mscale) / YarnMscale(y.factor, *mscale_all_dim);
-    } else {
-      y.attention_factor = YarnMscale(y.factor, 1.0);
-    }
-    // `rope_parameters.get("beta_fast") or 32`: absent, null or 0 mean the default.
-    SW_ASSIGN_OR_RETURN(std::optional<double> beta_fast, num("beta_fast"));
-    SW_ASSIGN_OR_RETURN(std::optional<double> beta_slow, num("beta_slow"));
-    if (beta_fast && *beta_fast != 0) y.beta_fast = *beta_fast;
-    if (beta_slow && *beta_slow != 0) y.beta_slow = *beta_slow;
-    if (r.contains("truncate") && !r.at("truncate").is_null()) {
-      if (!r.at("truncate").is_boolean()) {
-        return KeyError(source, absl::StrCat(key, ".truncate"), "must be true or false");
-      }
-      y.truncate = r.at("truncate").get<bool>();
-    }
-    // Values inside the dict win over top-level ones (transformers' precedence).
-    for (const char* moved : {"rope_theta", "partial_rotary_factor"}) {
-      if (r.contains(moved) && !r.at(moved).is_null()) layers[moved] = r.at(moved);
-    }
-    layers.erase(key);
-    if (layers.contains("rope_scaling")) layers.erase("rope_scaling");
-    return std::optional<YarnRope>(y);
-  }
-  return std::optional<YarnRope>();
+// The reader of a value of config.json looked up the way dflash's `_draft_value` does:
+// dflash_config first (when it holds the key, even as null), then the top level. A key found in
+// neither is reported as dflash_config.<name>.
+JsonReader DraftScope(const JsonReader& root, const JsonReader& dflash_config, const char* name) {
+  if (dflash_config.raw().contains(name)) return dflash_config;
+  return root.Has(name) ? root : dflash_config;
 }
 
 }  // namespace
@@ -159,110 +59,103 @@ std::vector<int64_t> BuildTargetLayerIds(int64_t num_target_layers, int64_t num_
 
 absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
                                                  const std::string& source) {
-  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
+  json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
   DrafterConfig d;
-  json layers = root;
-  SW_ASSIGN_OR_RETURN(d.yarn, ExtractYarn(layers, source));
-  SW_ASSIGN_OR_RETURN(d.layers, ParseModelConfig(layers.dump(), source));
+  // The drafter's own layers are Qwen3 layers, read by the target's config parser unchanged
+  // (rope types, YaRN included, are common/models/rope.cc's).
+  SW_ASSIGN_OR_RETURN(d.layers, ParseModelConfig(json_text, source));
+  const JsonReader root(doc, source);
   if (d.layers.family != ModelFamily::kQwen3) {
-    return KeyError(source, "model_type",
-                    absl::StrCat("is \"", d.layers.model_type,
-                                 "\"; DFlash drafters are Qwen3 layers (model_type \"qwen3\")"));
+    return root.Error("model_type",
+                      absl::StrCat("is \"", d.layers.model_type,
+                                   "\"; DFlash drafters are Qwen3 layers (model_type \"qwen3\")"));
   }
   // transformers' Qwen3Config: `sliding_window = sliding_window if use_sliding_window else None`.
-  bool use_sliding_window = false;
-  if (root.contains("use_sliding_window") && !root.at("use_sliding_window").is_null()) {
-    if (!root.at("use_sliding_window").is_boolean()) {
-      return KeyError(source, "use_sliding_window", "must be true or false");
-    }
-    use_sliding_window = root.at("use_sliding_window").get<bool>();
-  }
-  const bool window_null = root.contains("sliding_window") && root.at("sliding_window").is_null();
+  SW_ASSIGN_OR_RETURN(const bool use_sliding_window, root.Bool("use_sliding_window", false));
+  const bool window_null = doc.contains("sliding_window") && doc.at("sliding_window").is_null();
   if (!use_sliding_window || window_null) d.layers.sliding_window = 0;
 
-  const json* dflash_config = nullptr;
-  if (root.contains("dflash_config") && !root.at("dflash_config").is_null()) {
-    if (!root.at("dflash_config").is_object()) {
-      return KeyError(source, "dflash_config", "must be an object");
-    }
-    dflash_config = &root.at("dflash_config");
+  static const json kNoDflashConfig = json::object();
+  JsonReader dflash(kNoDflashConfig, source, PathStyle::kDotted, "dflash_config");
+  if (root.Has("dflash_config")) {
+    SW_ASSIGN_OR_RETURN(dflash, root.Object("dflash_config"));
   }
 
-  DraftValue mask = LookUpDraftValue(root, dflash_config, "mask_token_id");
-  if (mask.value == nullptr) return KeyError(source, mask.key, "is required but missing");
-  if (!mask.value->is_number_integer() || mask.value->get<int64_t>() < 0) {
-    return KeyError(source, mask.key,
-                    absl::StrCat("must be a non-negative integer, got ", mask.value->dump()));
+  const JsonReader mask_scope = DraftScope(root, dflash, "mask_token_id");
+  if (!mask_scope.Has("mask_token_id")) {
+    return mask_scope.Error("mask_token_id", "is required but missing");
   }
-  d.mask_token_id = mask.value->get<int64_t>();
+  auto mask = mask_scope.Int("mask_token_id");
+  if (!mask.ok() || *mask < 0) {
+    return mask_scope.Error("mask_token_id",
+                            absl::StrCat("must be a non-negative integer, got ",
+                                         mask_scope.Find("mask_token_id")->dump()));
+  }
+  d.mask_token_id = *mask;
 
-  DraftValue block = LookUpDraftValue(root, dflash_config, "block_size");
-  if (block.value != nullptr) {
-    if (!block.value->is_number_integer() || block.value->get<int64_t>() < 2 ||
-        block.value->get<int64_t>() > 4096) {
-      return KeyError(source, block.key,
-                      absl::StrCat("must be an integer in [2, 4096], got ", block.value->dump()));
+  const JsonReader block_scope = DraftScope(root, dflash, "block_size");
+  if (block_scope.Has("block_size")) {
+    auto block = block_scope.Int("block_size");
+    if (!block.ok() || *block < 2 || *block > 4096) {
+      return block_scope.Error("block_size", absl::StrCat("must be an integer in [2, 4096], got ",
+                                                          block_scope.Find("block_size")->dump()));
     }
-    d.block_size = static_cast<int32_t>(block.value->get<int64_t>());
+    d.block_size = static_cast<int32_t>(*block);
   }
 
   // dflash reads num_target_layers from the top level only.
-  if (root.contains("num_target_layers") && !root.at("num_target_layers").is_null()) {
-    const json& n = root.at("num_target_layers");
-    if (!n.is_number_integer() || n.get<int64_t>() <= 0) {
-      return KeyError(source, "num_target_layers",
-                      absl::StrCat("must be a positive integer, got ", n.dump()));
+  if (root.Has("num_target_layers")) {
+    auto n = root.Int("num_target_layers");
+    if (!n.ok() || *n <= 0) {
+      return root.Error("num_target_layers", absl::StrCat("must be a positive integer, got ",
+                                                          root.Find("num_target_layers")->dump()));
     }
-    d.num_target_layers = n.get<int64_t>();
+    d.num_target_layers = *n;
   }
 
-  DraftValue ids = LookUpDraftValue(root, dflash_config, "target_layer_ids");
-  if (ids.value != nullptr) {
-    if (!ids.value->is_array() || ids.value->empty()) {
-      return KeyError(source, ids.key, "must be a non-empty list of layer ids");
+  const JsonReader ids_scope = DraftScope(root, dflash, "target_layer_ids");
+  const std::string ids_key = ids_scope.PathOf("target_layer_ids");
+  if (ids_scope.Has("target_layer_ids")) {
+    const json& ids = *ids_scope.Find("target_layer_ids");
+    if (!ids.is_array() || ids.empty()) {
+      return ids_scope.Error("target_layer_ids", "must be a non-empty list of layer ids");
     }
-    for (const json& v : *ids.value) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-        return KeyError(source, ids.key,
-                        absl::StrCat("must hold non-negative integers, got ", ids.value->dump()));
-      }
-      d.target_layer_ids.push_back(v.get<int64_t>());
+    auto list = ids_scope.IntList("target_layer_ids");
+    if (!list.ok() || std::any_of(list->begin(), list->end(), [](int64_t v) { return v < 0; })) {
+      return ids_scope.Error("target_layer_ids",
+                             absl::StrCat("must hold non-negative integers, got ", ids.dump()));
     }
+    d.target_layer_ids = *list;
   } else if (d.num_target_layers > 0) {
     d.target_layer_ids = BuildTargetLayerIds(d.num_target_layers, d.layers.num_layers);
   } else {
-    return KeyError(source, ids.key,
-                    "is missing, and num_target_layers is not given to derive it from");
+    return ids_scope.Error("target_layer_ids",
+                           "is missing, and num_target_layers is not given to derive it from");
   }
   if (d.num_target_layers > 0) {
     for (int64_t id : d.target_layer_ids) {
       if (id >= d.num_target_layers) {
-        return KeyError(source, ids.key,
-                        absl::StrCat("holds layer ", id, ", outside the target's ",
-                                     d.num_target_layers, " layers (num_target_layers)"));
+        return ids_scope.Error("target_layer_ids",
+                               absl::StrCat("holds layer ", id, ", outside the target's ",
+                                            d.num_target_layers, " layers (num_target_layers)"));
       }
     }
   }
 
-  if (root.contains("is_causal") && !root.at("is_causal").is_null()) {
-    if (!root.at("is_causal").is_boolean()) {
-      return KeyError(source, "is_causal", "must be true or false");
-    }
-    d.is_causal = root.at("is_causal").get<bool>();
+  if (root.Has("is_causal")) {
+    SW_ASSIGN_OR_RETURN(d.is_causal, root.Bool("is_causal", false));
   }
 
-  SW_ASSIGN_OR_RETURN(
-      d.input_embedding_scale,
-      NumberOr(source, LookUpDraftValue(root, dflash_config, "input_embedding_scale"), 1.0));
-  SW_ASSIGN_OR_RETURN(
-      d.output_multiplier,
-      NumberOr(source, LookUpDraftValue(root, dflash_config, "output_multiplier"), 1.0));
-  SW_ASSIGN_OR_RETURN(
-      d.final_logit_softcapping,
-      NumberOr(source, LookUpDraftValue(root, dflash_config, "final_logit_softcapping"), 0.0));
+  for (const auto& [name, out, dflt] :
+       {std::tuple<const char*, double*, double>{"input_embedding_scale", &d.input_embedding_scale,
+                                                 1.0},
+        {"output_multiplier", &d.output_multiplier, 1.0},
+        {"final_logit_softcapping", &d.final_logit_softcapping, 0.0}}) {
+    SW_ASSIGN_OR_RETURN(*out, DraftScope(root, dflash, name).Double(name, dflt));
+  }
   if (d.final_logit_softcapping < 0) d.final_logit_softcapping = 0;
   return d;
 }
@@ -291,39 +184,6 @@ absl::Status CheckDrafterFitsTarget(const DrafterConfig& drafter, const ModelCon
                                                    target.vocab_size, ")"));
   }
   return absl::OkStatus();
-}
-
-std::pair<at::Tensor, double> DrafterRopeFrequencies(const DrafterConfig& config) {
-  const ModelConfig& c = config.layers;
-  if (!config.yarn.has_value()) {
-    RotaryEmbedding rope(c.rope, c.head_dim);
-    return {rope.inv_freq(), 1.0};
-  }
-  // transformers' _compute_yarn_parameters, operation by operation (fp32 tensors, double scalars).
-  const YarnRope& y = *config.yarn;
-  const double base = c.rope.theta;
-  const int64_t dim = c.rotary_dim();
-  const double omax = static_cast<double>(y.original_max_position_embeddings);
-  auto correction_dim = [&](double num_rotations) {
-    return (dim * std::log(omax / (num_rotations * 2 * M_PI))) / (2 * std::log(base));
-  };
-  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
-  if (y.truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;  // prevents a singular ramp
-  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
-  at::Tensor pos_freqs =
-      at::pow(at::Scalar(base), at::arange(0, dim, 2, at::kLong).to(at::kFloat) / dim);
-  at::Tensor extrapolation = at::reciprocal(pos_freqs) * 1.0;
-  at::Tensor interpolation = at::reciprocal(pos_freqs * y.factor) * 1.0;
-  at::Tensor extrapolation_factor = 1 - ramp;
-  at::Tensor inv_freq =
-      interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
-  return {inv_freq.contiguous(), y.attention_factor};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -514,9 +374,9 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
               : ": a DFlash drafter has no such weight"));
     }
     m.Prepare();
-    auto [inv_freq, scaling] = DrafterRopeFrequencies(m.config);
-    m.inv_freq = inv_freq;
-    m.attention_scaling = scaling;
+    const RotaryEmbedding rope(m.config.layers.rope, m.config.layers.head_dim);
+    m.inv_freq = rope.inv_freq();
+    m.attention_scaling = rope.attention_scaling();
     return absl::OkStatus();
   });
   SW_RETURN_IF_ERROR(status);

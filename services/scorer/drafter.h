@@ -1,6 +1,6 @@
 // The DFlash block-diffusion drafter (z-lab format) in libtorch, and its config.
 //
-// Architecture (shared notes dflash.md §a; oracle: dflash 0.1.0 `dflash/model.py`): target
+// Architecture (oracle: dflash 0.1.0 `dflash/model.py`): target
 // features of target_layer_ids are concatenated, fused once by fc + hidden_norm into context rows;
 // every drafter layer is a Qwen3 layer whose attention takes queries from the block only and
 // keys/values from [context rows ; block] (k_norm and RoPE on context keys too, at the context
@@ -31,23 +31,9 @@
 
 namespace specwire {
 
-// YaRN RoPE (rope_type "yarn"), as transformers' _compute_yarn_parameters computes it. Not in
-// common/model_config.h's RopeConfig (targets do not use it yet); drafters for Qwen3.6 may.
-struct YarnRope {
-  double factor = 1.0;
-  // Scales cos and sin. From the config when given, else derived from factor (and mscale,
-  // mscale_all_dim when both are set), like transformers.
-  double attention_factor = 1.0;
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  int64_t original_max_position_embeddings = 0;
-  bool truncate = true;
-  bool operator==(const YarnRope&) const = default;
-};
-
 struct DrafterConfig {
-  // The drafter's own Qwen3 layers (model_type qwen3). rope.type is "default" when `yarn` is set
-  // (rope.theta still holds the base). sliding_window is 0 (no window) unless the config sets
+  // The drafter's own Qwen3 layers (model_type qwen3), parsed by ParseModelConfig (YaRN rope
+  // included: common/models/rope.cc computes it for targets and drafters alike). sliding_window is 0 (no window) unless the config sets
   // use_sliding_window: true and a sliding_window, as transformers' Qwen3Config does.
   ModelConfig layers;
   int32_t block_size = 16;
@@ -57,7 +43,6 @@ struct DrafterConfig {
   // dflash's semantics: `is_causal` from config.json when present; otherwise sliding layers are
   // causal within the block and full layers bidirectional.
   std::optional<bool> is_causal;
-  std::optional<YarnRope> yarn;
   // dflash_config extras (newer z-lab code; defaults are no-ops).
   double input_embedding_scale = 1.0;
   double output_multiplier = 1.0;
@@ -156,9 +141,5 @@ class DFlashDrafter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// The inverse frequencies and cos/sin scaling the drafter's RoPE uses (default, linear, llama3
-// through common/models/rope.h; YaRN here).
-std::pair<at::Tensor, double> DrafterRopeFrequencies(const DrafterConfig& config);
 
 }  // namespace specwire

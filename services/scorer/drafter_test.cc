@@ -1,5 +1,7 @@
 #include "services/scorer/drafter.h"
 
+#include "common/models/rope.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -65,7 +67,7 @@ TEST(ParseDrafterConfigTest, ZLabFormat) {
   EXPECT_EQ(c->LayerWindow(0), 3);
   EXPECT_FALSE(c->LayerIsCausal(1));
   EXPECT_EQ(c->LayerWindow(1), 0);
-  EXPECT_FALSE(c->yarn.has_value());
+  EXPECT_NE(c->layers.rope.type, "yarn");
 }
 
 TEST(ParseDrafterConfigTest, MissingMaskTokenIdNamesTheKey) {
@@ -184,12 +186,14 @@ TEST(YarnTest, ParsedAndComputedLikeTransformers) {
       {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
   auto c = Parse(j);
   ASSERT_TRUE(c.ok()) << c.status();
-  ASSERT_TRUE(c->yarn.has_value());
+  ASSERT_EQ(c->layers.rope.type, "yarn");
   EXPECT_EQ(c->layers.rope.theta, 1e6);
-  EXPECT_EQ(c->yarn->original_max_position_embeddings, 64);
-  EXPECT_DOUBLE_EQ(c->yarn->attention_factor, 0.1 * std::log(4.0) + 1.0);
-  auto [inv_freq, scaling] = DrafterRopeFrequencies(*c);
-  EXPECT_DOUBLE_EQ(scaling, c->yarn->attention_factor);
+  EXPECT_EQ(c->layers.rope.original_max_position_embeddings, 64);
+  EXPECT_DOUBLE_EQ(c->layers.rope.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  const RotaryEmbedding rope(c->layers.rope, c->layers.head_dim);
+  const at::Tensor inv_freq = rope.inv_freq();
+  const double scaling = rope.attention_scaling();
+  EXPECT_DOUBLE_EQ(scaling, c->layers.rope.attention_factor);
   // The YaRN formula in doubles.
   const int dim = kHeadDim;
   auto corr = [&](double rot) {
@@ -207,11 +211,11 @@ TEST(YarnTest, ParsedAndComputedLikeTransformers) {
   }
   // attention_factor given explicitly, and the mscale / mscale_all_dim rule.
   j["rope_scaling"]["attention_factor"] = 1.5;
-  EXPECT_EQ(Parse(j)->yarn->attention_factor, 1.5);
+  EXPECT_EQ(Parse(j)->layers.rope.attention_factor, 1.5);
   j["rope_scaling"].erase("attention_factor");
   j["rope_scaling"]["mscale"] = 2.0;
   j["rope_scaling"]["mscale_all_dim"] = 1.0;
-  EXPECT_DOUBLE_EQ(Parse(j)->yarn->attention_factor,
+  EXPECT_DOUBLE_EQ(Parse(j)->layers.rope.attention_factor,
                    (0.2 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0));
   j["rope_scaling"]["factor"] = "x";
   ExpectInvalid(j, "\"rope_scaling.factor\" must be a number");

@@ -1,4 +1,4 @@
-// The greedy acceptance replay (shared DESIGN "Acceptance (greedy)"): the real DFlash loop run on
+// The greedy acceptance replay (docs/ARCHITECTURE.md, "Contracts"): the real DFlash loop run on
 // the target's greedy trajectory, whose features come from the extractor.
 //
 // It reproduces dflash 0.1.0's `dflash_generate` (temperature 0) step for step. With T the

@@ -1,9 +1,11 @@
 // specwire-replay: the acceptance replay offline, with the target run in-process (the extraction
 // engine) instead of behind the extractor service. Used by the parity tier and the benchmark.
 //
-//   specwire-replay [replay] --drafter DIR --target DIR (--tokens-file F | --trajectories-file F)
-//                            [--max-new-tokens N] [--ddtree 8,32] ...
-//   specwire-replay draft    --drafter DIR --target DIR --cases F.safetensors --out F.safetensors
+//   specwire-replay [replay] --drafter DIR --target_checkpoint DIR
+//                            (--tokens_file F | --trajectories_file F)
+//                            [--max_new_tokens N] [--ddtree 8,32] ...
+//   specwire-replay draft    --drafter DIR --target_checkpoint DIR --cases F.safetensors
+//                            --out F.safetensors
 //   specwire-replay ddtree   --cases F.json
 //
 // replay prints one JSON object: per response the trajectory, the DFlash step lengths and the
@@ -18,10 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -31,69 +35,46 @@
 #include "services/scorer/drafter.h"
 #include "services/scorer/replay.h"
 
+ABSL_FLAG(std::string, drafter, "", "DFlash drafter (config.json + *.safetensors, z-lab format).");
+ABSL_FLAG(std::string, target_checkpoint, "",
+          "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
+ABSL_FLAG(std::string, tokens_file, "",
+          "replay: JSON list of prompts (token-id lists); completions are the target's greedy "
+          "output.");
+ABSL_FLAG(std::string, trajectories_file, "",
+          "replay: JSON list of {\"prompt\": [...], \"completion\": [...]} instead.");
+ABSL_FLAG(int64_t, max_new_tokens, 64, "replay: completion budget (dflash's max_new_tokens).");
+ABSL_FLAG(std::string, stop, "", "replay: extra stop token ids, comma-separated.");
+ABSL_FLAG(bool, ignore_model_eos, false, "replay: do not stop at the target's eos_token_id.");
+ABSL_FLAG(std::string, ddtree, "8", "replay: DDTree node budgets, comma-separated, or \"none\".");
+ABSL_FLAG(int64_t, reps, 1, "replay: run the replay N times; timing reports the median.");
+ABSL_FLAG(int64_t, batch, 16, "replay: responses replayed in lockstep per drafter forward.");
+ABSL_FLAG(bool, full_logits, false,
+          "replay: all B-1 rows of logits per block, like dflash's loop (default: stop at each "
+          "block's first mismatch).");
+ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
+ABSL_FLAG(std::string, device_map, "cpu",
+          "Target placement (see specwire-extract); the drafter runs on the target's output "
+          "device.");
+ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
+ABSL_FLAG(std::string, cases, "",
+          "draft: safetensors with case.{i}.features and metadata \"cases\"; ddtree: JSON "
+          "{\"budgets\": [...], \"cases\": [{\"log_probs\", \"truth\"}]}.");
+ABSL_FLAG(std::string, out, "", "draft: output safetensors.");
+
 namespace specwire {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr char kUsage[] = R"(usage: specwire-replay [COMMAND] [flags]
+constexpr char kUsage[] = R"(specwire-replay [COMMAND] [flags]
 
 Commands:
   replay (default)  greedy trajectories of the target, their features, and the DFlash / DDTree
                     acceptance replay; prints JSON (responses, summary, timing)
   draft             drafter forward on given context features (parity tests): writes the final
                     hidden states and logits of each block to --out
-  ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out)
-
-Flags:
-  --drafter DIR            DFlash drafter (config.json + *.safetensors, z-lab format)
-  --target DIR             target checkpoint (Hugging Face CausalLM directory)
-  --tokens-file F          replay: JSON list of prompts (token-id lists); completions are the
-                           target's greedy output
-  --trajectories-file F    replay: JSON list of {"prompt": [...], "completion": [...]} instead
-  --max-new-tokens N       replay: completion budget (dflash's max_new_tokens)          [64]
-  --stop IDS               replay: extra stop token ids
-  --no-config-eos          replay: do not stop at the target's eos_token_id
-  --ddtree BUDGETS         replay: DDTree node budgets, comma-separated, or "none"      [8]
-  --repeat N               replay: run the replay N times; timing reports the median    [1]
-  --batch N                replay: responses replayed in lockstep per drafter forward   [16]
-  --full-logits            replay: all B-1 rows of logits per block, like dflash's loop
-                           (default: stop at each block's first mismatch)
-  --dtype D                float32 | bfloat16 | float16                                 [float32]
-  --device-map M           target placement (see specwire-extract); the drafter runs on the
-                           target's output device                                       [cpu]
-  --threads N              intra-op CPU threads                                         [torch default]
-  --cases F                draft: safetensors with case.{i}.features and metadata "cases";
-                           ddtree: JSON {"budgets": [...], "cases": [{"log_probs", "truth"}]}
-  --out F                  draft: output safetensors
-)";
-
-using Flags = std::map<std::string, std::string>;
-
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
-  static const char* kBoolFlags[] = {"no-config-eos", "full-logits", "help"};
-  Flags flags;
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (!arg.starts_with("--")) return absl::InvalidArgumentError("unexpected argument " + arg);
-    arg = arg.substr(2);
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      flags[arg.substr(0, eq)] = arg.substr(eq + 1);
-      continue;
-    }
-    bool is_bool = false;
-    for (const char* b : kBoolFlags) is_bool |= arg == b;
-    if (is_bool) {
-      flags.insert_or_assign(arg,
-                             std::string(1, '1'));  // not = "1": a GCC 12 false -Wstringop-overflow
-    } else if (i + 1 < argc) {
-      flags[arg] = argv[++i];
-    } else {
-      return absl::InvalidArgumentError("flag --" + arg + " needs a value");
-    }
-  }
-  return flags;
-}
+  ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out))";
 
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
   std::vector<int64_t> ids;
@@ -106,15 +87,6 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::stri
     ids.push_back(v);
   }
   return ids;
-}
-
-absl::StatusOr<int64_t> IntFlag(const Flags& f, const std::string& name, int64_t dflt) {
-  if (!f.count(name)) return dflt;
-  int64_t v;
-  if (!absl::SimpleAtoi(f.at(name), &v)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be an integer"));
-  }
-  return v;
 }
 
 absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) {
@@ -142,16 +114,18 @@ struct Models {
   std::unique_ptr<DFlashDrafter> drafter;
 };
 
-absl::StatusOr<Models> LoadModels(const Flags& f) {
-  if (!f.count("drafter")) return absl::InvalidArgumentError("--drafter is required");
-  if (!f.count("target")) return absl::InvalidArgumentError("--target is required");
+absl::StatusOr<Models> LoadModels() {
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  const std::string target = absl::GetFlag(FLAGS_target_checkpoint);
+  if (drafter.empty()) return absl::InvalidArgumentError("--drafter is required");
+  if (target.empty()) return absl::InvalidArgumentError("--target_checkpoint is required");
   LoadOptions load;
-  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(f.count("dtype") ? f.at("dtype") : "float32"));
-  if (f.count("device-map")) load.device_map = f.at("device-map");
+  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
+  load.device_map = absl::GetFlag(FLAGS_device_map);
   Models m;
-  SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(f.at("target"), load));
-  SW_ASSIGN_OR_RETURN(m.drafter, DFlashDrafter::Load(f.at("drafter"), load.dtype,
-                                                     m.engine->model().output_device()));
+  SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(target, load));
+  SW_ASSIGN_OR_RETURN(m.drafter,
+                      DFlashDrafter::Load(drafter, load.dtype, m.engine->model().output_device()));
   SW_RETURN_IF_ERROR(CheckDrafterFitsTarget(m.drafter->config(), m.engine->config()));
   SW_RETURN_IF_ERROR(
       m.drafter->SetTargetHead(m.engine->model().embed_tokens(), m.engine->model().lm_head()));
@@ -186,20 +160,20 @@ absl::StatusOr<std::vector<at::Tensor>> ContextFeatures(
   return out;
 }
 
-absl::Status RunReplay(const Flags& f) {
-  SW_ASSIGN_OR_RETURN(Models m, LoadModels(f));
+absl::Status RunReplay() {
+  SW_ASSIGN_OR_RETURN(Models m, LoadModels());
   const DrafterConfig& dc = m.drafter->config();
-  SW_ASSIGN_OR_RETURN(int64_t max_new_tokens, IntFlag(f, "max-new-tokens", 64));
-  if (max_new_tokens < 1) return absl::InvalidArgumentError("--max-new-tokens must be positive");
-  SW_ASSIGN_OR_RETURN(int64_t repeat, IntFlag(f, "repeat", 1));
-  if (repeat < 1) return absl::InvalidArgumentError("--repeat must be positive");
+  const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (max_new_tokens < 1) return absl::InvalidArgumentError("--max_new_tokens must be positive");
+  const int64_t repeat = absl::GetFlag(FLAGS_reps);
+  if (repeat < 1) return absl::InvalidArgumentError("--reps must be positive");
   ReplayOptions options;
-  SW_ASSIGN_OR_RETURN(int64_t batch, IntFlag(f, "batch", options.max_batch));
+  const int64_t batch = absl::GetFlag(FLAGS_batch);
   if (batch < 1) return absl::InvalidArgumentError("--batch must be positive");
   options.max_batch = static_cast<int32_t>(batch);
-  options.full_logits = f.count("full-logits") > 0;
+  options.full_logits = absl::GetFlag(FLAGS_full_logits);
   options.ddtree_budgets.clear();
-  const std::string budgets = f.count("ddtree") ? f.at("ddtree") : "8";
+  const std::string budgets = absl::GetFlag(FLAGS_ddtree);
   if (budgets != "none" && !budgets.empty()) {
     SW_ASSIGN_OR_RETURN(std::vector<int64_t> b, ParseIds(budgets, "ddtree"));
     for (int64_t v : b) {
@@ -211,11 +185,11 @@ absl::Status RunReplay(const Flags& f) {
   // Trajectories: given, or the target's greedy completions of the prompts.
   std::vector<std::vector<int64_t>> prompts, completions;
   std::vector<std::string> finish;
-  if (f.count("trajectories-file")) {
-    SW_ASSIGN_OR_RETURN(json j, ReadJson(f.at("trajectories-file"), "trajectories-file"));
-    if (!j.is_array()) return absl::InvalidArgumentError("--trajectories-file: expected a list");
+  if (const std::string file = absl::GetFlag(FLAGS_trajectories_file); !file.empty()) {
+    SW_ASSIGN_OR_RETURN(json j, ReadJson(file, "trajectories_file"));
+    if (!j.is_array()) return absl::InvalidArgumentError("--trajectories_file: expected a list");
     for (size_t i = 0; i < j.size(); ++i) {
-      const std::string what = absl::StrCat("--trajectories-file[", i, "]");
+      const std::string what = absl::StrCat("--trajectories_file[", i, "]");
       if (!j[i].is_object() || !j[i].contains("prompt") || !j[i].contains("completion")) {
         return absl::InvalidArgumentError(what +
                                           ": expected {\"prompt\": [...], \"completion\": [...]}");
@@ -226,32 +200,32 @@ absl::Status RunReplay(const Flags& f) {
       if (p.empty()) return absl::InvalidArgumentError(what + ".prompt: empty");
       if (static_cast<int64_t>(c.size()) > max_new_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
-            what, ".completion: ", c.size(), " tokens > --max-new-tokens ", max_new_tokens));
+            what, ".completion: ", c.size(), " tokens > --max_new_tokens ", max_new_tokens));
       }
       prompts.push_back(std::move(p));
       completions.push_back(std::move(c));
       finish.push_back("given");
     }
-  } else if (f.count("tokens-file")) {
-    SW_ASSIGN_OR_RETURN(json j, ReadJson(f.at("tokens-file"), "tokens-file"));
+  } else if (const std::string file = absl::GetFlag(FLAGS_tokens_file); !file.empty()) {
+    SW_ASSIGN_OR_RETURN(json j, ReadJson(file, "tokens_file"));
     if (!j.is_array())
-      return absl::InvalidArgumentError("--tokens-file: expected a list of prompts");
+      return absl::InvalidArgumentError("--tokens_file: expected a list of prompts");
     GenerateOptions gen;
     gen.max_new_tokens = max_new_tokens;
-    gen.use_config_eos = !f.count("no-config-eos");
-    if (f.count("stop")) {
-      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIds(f.at("stop"), "stop"));
+    gen.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
+    if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
+      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIds(stop, "stop"));
     }
     for (size_t i = 0; i < j.size(); ++i) {
       SW_ASSIGN_OR_RETURN(std::vector<int64_t> p,
-                          TokenList(j[i], absl::StrCat("--tokens-file[", i, "]")));
+                          TokenList(j[i], absl::StrCat("--tokens_file[", i, "]")));
       SW_ASSIGN_OR_RETURN(GenerateResult r, m.engine->Generate(p, gen));
       prompts.push_back(std::move(p));
       completions.push_back(std::move(r.tokens));
       finish.push_back(r.finish_reason);
     }
   } else {
-    return absl::InvalidArgumentError("give --tokens-file or --trajectories-file");
+    return absl::InvalidArgumentError("give --tokens_file or --trajectories_file");
   }
 
   std::vector<std::vector<int64_t>> trajectories;
@@ -289,7 +263,7 @@ absl::Status RunReplay(const Flags& f) {
   const double median = seconds[seconds.size() / 2];
 
   json out;
-  out["drafter"] = f.at("drafter");
+  out["drafter"] = absl::GetFlag(FLAGS_drafter);
   out["block_size"] = dc.block_size;
   out["target_layer_ids"] = dc.target_layer_ids;
   out["mask_token_id"] = dc.mask_token_id;
@@ -327,12 +301,13 @@ absl::Status RunReplay(const Flags& f) {
 // draft: case.{i}.features [T_i, n × H] plus metadata cases = [{"steps": [{"context_end": e,
 // "anchor": a, "len": l}, ...]}, ...]. Each step appends context rows up to e and drafts the block
 // at start e (the cache persists across a case's steps, as in dflash's loop).
-absl::Status RunDraft(const Flags& f) {
-  SW_ASSIGN_OR_RETURN(Models m, LoadModels(f));
-  if (!f.count("cases") || !f.count("out")) {
+absl::Status RunDraft() {
+  SW_ASSIGN_OR_RETURN(Models m, LoadModels());
+  const std::string cases_path = absl::GetFlag(FLAGS_cases), out_path = absl::GetFlag(FLAGS_out);
+  if (cases_path.empty() || out_path.empty()) {
     return absl::InvalidArgumentError("draft needs --cases and --out");
   }
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(f.at("cases")));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
   auto meta = in->metadata().find("cases");
   if (meta == in->metadata().end()) {
     return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
@@ -378,16 +353,17 @@ absl::Status RunDraft(const Flags& f) {
         {name, DType::kF32, t.sizes().vec(),
          std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
   }
-  SW_RETURN_IF_ERROR(WriteSafetensors(f.at("out"), tensors));
+  SW_RETURN_IF_ERROR(WriteSafetensors(out_path, tensors));
   std::cout << json({{"tensors", outputs.size()}}).dump() << "\n";
   return absl::OkStatus();
 }
 
 // ddtree: {"budgets": [...], "cases": [{"log_probs": [[...], ...], "truth": [...]}]} →
 // {"accepted": [[a for each budget] for each case]}.
-absl::Status RunDDTree(const Flags& f) {
-  if (!f.count("cases")) return absl::InvalidArgumentError("ddtree needs --cases");
-  SW_ASSIGN_OR_RETURN(json in, ReadJson(f.at("cases"), "cases"));
+absl::Status RunDDTree() {
+  const std::string cases_path = absl::GetFlag(FLAGS_cases);
+  if (cases_path.empty()) return absl::InvalidArgumentError("ddtree needs --cases");
+  SW_ASSIGN_OR_RETURN(json in, ReadJson(cases_path, "cases"));
   std::vector<int32_t> budgets = in.at("budgets").get<std::vector<int32_t>>();
   json accepted = json::array();
   absl::Status status = RunGuarded("ddtree", [&]() -> absl::Status {
@@ -413,42 +389,29 @@ absl::Status RunDDTree(const Flags& f) {
   return absl::OkStatus();
 }
 
-absl::Status Run(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cout << kUsage;
-    return absl::OkStatus();
-  }
-  std::string command = "replay";
-  int first = 1;
-  if (!std::string(argv[1]).starts_with("--")) {
-    command = argv[1];
-    first = 2;
-  }
-  SW_ASSIGN_OR_RETURN(Flags f, ParseFlags(argc, argv, first));
-  if (f.count("help")) {
-    std::cout << kUsage;
-    return absl::OkStatus();
-  }
-  if (f.count("threads")) {
-    int n;
-    if (!absl::SimpleAtoi(f.at("threads"), &n) || n <= 0) {
-      return absl::InvalidArgumentError("--threads must be a positive integer");
-    }
+absl::Status Run(const std::vector<std::string>& args) {
+  if (args.size() > 1) return absl::InvalidArgumentError("unexpected argument " + args[1]);
+  const std::string command = args.empty() ? "replay" : args[0];
+  if (const int n = absl::GetFlag(FLAGS_threads); n < 0) {
+    return absl::InvalidArgumentError("--threads must not be negative");
+  } else if (n > 0) {
     at::set_num_threads(n);
   }
-  if (command == "replay") return RunReplay(f);
-  if (command == "draft") return RunDraft(f);
-  if (command == "ddtree") return RunDDTree(f);
-  return absl::InvalidArgumentError("unknown command " + command);
+  if (command == "replay") return RunReplay();
+  if (command == "draft") return RunDraft();
+  if (command == "ddtree") return RunDDTree();
+  return absl::InvalidArgumentError("unknown command " + command + " (see --help)");
 }
 
 }  // namespace
 }  // namespace specwire
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> args =
+      specwire::ParseCommandLineFlags(argc, argv, specwire::kUsage);
   absl::Status s;
   try {
-    s = specwire::Run(argc, argv);
+    s = specwire::Run(args);
   } catch (const std::exception& e) {  // JSON type errors in --cases files
     s = absl::InvalidArgumentError(e.what());
   }

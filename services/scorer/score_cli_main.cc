@@ -2,12 +2,15 @@
 //
 //   specwire-score --scorer ADDR    --drafter DIR (--dataset F | --prompts_file F | --tokens ..)
 //   specwire-score --extractor ADDR --drafter DIR ...          (in-process: no scorer needed)
+//   specwire-score --extractor ADDR --watch_dir DIR --eval_sets ...   (continuous evaluation)
 //
 // Through a scorer, the drafter and a --dataset are paths on the scorer's host; in-process they
 // are local and the drafter runs here, against the extractor(s) directly. Either way the same
 // job logic (score_job.h) runs, so both give the same numbers. Progress goes to stderr (one
 // updating line on a terminal, plain lines otherwise), the final table to stdout, the reports to
-// --json_out and --html_out.
+// --json_out and --html_out. The connection, runner and eval flags are the shared modules'
+// (clients/cpp/*_connection_flags.h, runner_flags.h, eval_flags.h), spelled as in
+// specwire-scorer.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -27,29 +30,27 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "clients/cpp/extractor_connection_flags.h"
+#include "clients/cpp/scorer_connection_flags.h"
 #include "common/checkpoint.h"
-#include "common/grpc_status.h"
-#include "common/security.h"
+#include "common/command_line.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/security.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
+#include "services/scorer/eval_flags.h"
 #include "services/scorer/report.h"
+#include "services/scorer/runner_flags.h"
 #include "services/scorer/score_job.h"
 #include "services/scorer/scorer_backend.h"
 #include "services/scorer/server.h"
 #include "services/scorer/watch.h"
 
-ABSL_FLAG(std::string, scorer, "", "A running specwire-scorer (host:port) to run the job on.");
-ABSL_FLAG(std::string, extractor, "",
-          "Run in-process instead, against these extractor(s): host:port, a comma list, or "
-          "dns:///name:port.");
+// The job (both modes).
 ABSL_FLAG(std::string, drafter, "",
           "DFlash drafter directory (config.json + safetensors). Required.");
 ABSL_FLAG(std::string, dataset, "",
@@ -74,60 +75,20 @@ ABSL_FLAG(bool, add_special_tokens, false,
 ABSL_FLAG(std::string, json_out, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, html_out, "", "Write the self-contained HTML report here.");
 ABSL_FLAG(bool, quiet, false, "No progress on stderr.");
-ABSL_FLAG(double, timeout, 0, "--scorer: deadline of the whole job in seconds (0: none).");
-// In-process only.
-ABSL_FLAG(std::string, dtype, "float32",
-          "In-process: drafter compute dtype (float32 | bfloat16 | float16).");
-ABSL_FLAG(std::string, wire_dtype, "auto",
-          "In-process: feature dtype on the wire (fp32 | bf16 | auto).");
-ABSL_FLAG(std::string, device, "cpu", "In-process: drafter device (cpu | cuda | cuda:N).");
-ABSL_FLAG(int, threads, 0, "In-process: intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, cache_dir, "",
-          "In-process: target-head cache (default $XDG_CACHE_HOME/specwire or ~/.cache/specwire; "
-          "\"none\" disables it).");
-ABSL_FLAG(std::string, target_checkpoint, "",
-          "In-process: read embed_tokens / lm_head from this local target checkpoint.");
-ABSL_FLAG(int64_t, prefetch, 1, "In-process: trajectories fetched ahead, per extractor.");
 ABSL_FLAG(std::string, job_id, "",
           "Names the job for resumption ([A-Za-z0-9._-], at most 128). --scorer: default a random "
           "id; a scorer with --results_dir resumes a job submitted again under it.");
+// Through a scorer.
 ABSL_FLAG(int, scorer_attempts, 5,
           "--scorer: submissions of the job at most when the scorer goes away (UNAVAILABLE); "
           "each is sent with the same job_id.");
+// In-process.
 ABSL_FLAG(std::string, resume_file, "",
           "In-process: keep each completed prompt in this JSONL file (fsync'ed); run again with "
           "the same file and flags, only the prompts not in it are scored.");
-ABSL_FLAG(int, extractor_attempts, 6,
-          "In-process: attempts per prompt when an extractor call fails with UNAVAILABLE.");
-ABSL_FLAG(bool, tls, false,
-          "Connect to the scorer (or, in-process, the extractors) with TLS; implied by --tls_ca "
-          "and --tls_client_cert.");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA that signed the server's certificate (default: system roots).");
-ABSL_FLAG(std::string, tls_client_cert, "",
-          "PEM client certificate for mTLS (with --tls_client_key).");
-ABSL_FLAG(std::string, tls_client_key, "", "PEM private key of --tls_client_cert.");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name to check the server's certificate against (default: the host of the address).");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "Bearer token sent with every call; else $SPECWIRE_AUTH_TOKEN, else the file named by "
-          "$SPECWIRE_AUTH_TOKEN_FILE.");
-// Watch mode (in-process, with --extractor): services/scorer/watch.h.
-ABSL_FLAG(std::string, watch, "",
-          "Watch this directory and score every drafter checkpoint appearing in it (a "
-          "subdirectory with config.json + *.safetensors; step from checkpoint-N / step_N / N or "
-          "trainer_state.json) once on each of --eval_sets, recording the results in --eval_db. "
-          "Needs --extractor; --max_new_tokens, --max_prompts and --ddtree apply.");
-ABSL_FLAG(std::string, eval_sets, "",
-          "Watch mode: label=path.jsonl or path.jsonl, comma-separated (default: --dataset).");
-ABSL_FLAG(std::string, eval_db, "",
-          "Watch mode: the SQLite results database (default <watch dir>/specwire-eval.sqlite).");
-ABSL_FLAG(std::string, watch_run, "", "Watch mode: run label (default: the directory's name).");
-ABSL_FLAG(double, watch_poll_seconds, 5, "Watch mode: seconds between scans.");
+// Watch mode (--watch_dir, in-process): the rest of its flags are eval_flags.h's.
 ABSL_FLAG(int64_t, watch_scans, 0,
-          "Watch mode: stop after this many scans (0: until interrupted).");
-ABSL_FLAG(std::string, baseline_drafter, "",
-          "Watch mode: a reference drafter scored once as run \"baseline\", step 0.");
+          "--watch_dir: stop after this many scans (0: until interrupted).");
 
 namespace specwire {
 namespace {
@@ -178,16 +139,6 @@ std::string NowUtc() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-std::string DefaultCacheDir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) {
-    return absl::StrCat(x, "/specwire");
-  }
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h) {
-    return absl::StrCat(h, "/.cache/specwire");
-  }
-  return "";
 }
 
 absl::StatusOr<ScoreSpec> SpecFromFlags() {
@@ -275,44 +226,32 @@ ScoreReport NewReport(const ScoreSpec& spec) {
   return r;
 }
 
-// The client side of --tls* / --auth_token_file, for whichever server this program talks to.
-absl::StatusOr<ClientSecurity> SecurityFromFlags() {
-  ClientSecurityFiles f;
-  f.tls = absl::GetFlag(FLAGS_tls);
-  f.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  f.cert_file = absl::GetFlag(FLAGS_tls_client_cert);
-  f.key_file = absl::GetFlag(FLAGS_tls_client_key);
-  f.server_name = absl::GetFlag(FLAGS_tls_server_name);
-  f.token_file = absl::GetFlag(FLAGS_auth_token_file);
-  return LoadClientSecurity(f);
-}
-
 // Through a running scorer.
-absl::Status RunOnScorer(const ScoreSpec& spec, ScoreReport& report, ProgressDisplay& progress) {
+absl::Status RunOnScorer(const ScoreSpec& spec, const ScorerConnection& scorer, ScoreReport& report,
+                         ProgressDisplay& progress) {
   report.mode = "scorer";
-  report.endpoint = absl::GetFlag(FLAGS_scorer);
+  report.endpoint = scorer.address;
   // The drafter lives on the scorer's host; its config is reported when visible from here too.
   auto config =
       ReadFileToString((std::filesystem::path(spec.drafter_path) / "config.json").string());
   if (config.ok()) report.drafter.config_json = *config;
   report.drafter.path = spec.drafter_path;
 
-  SW_ASSIGN_OR_RETURN(ClientSecurity security, SecurityFromFlags());
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   // Reconnect soon after a restarted scorer listens again (gRPC's default backoff grows to 2 min).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = MakeChannel(report.endpoint, security, args);
+  auto channel = MakeChannel(report.endpoint, scorer.security, args);
   auto stub = v1::Scorer::NewStub(channel);
   v1::ScoreRequest request;
   SpecToProto(spec, &request);
   // The whole job's deadline, across resubmissions.
-  const auto deadline = absl::GetFlag(FLAGS_timeout) > 0
+  const auto deadline = scorer.timeout_seconds > 0
                             ? std::chrono::system_clock::now() +
                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                      std::chrono::duration<double>(absl::GetFlag(FLAGS_timeout)))
+                                      std::chrono::duration<double>(scorer.timeout_seconds))
                             : std::chrono::system_clock::time_point::max();
   // Results by prompt index: a resubmitted job streams the prompts it kept again.
   std::map<int64_t, PromptScore> results;
@@ -384,41 +323,36 @@ absl::Status RunOnScorer(const ScoreSpec& spec, ScoreReport& report, ProgressDis
   return absl::OkStatus();
 }
 
-// In-process: this program is the scorer.
-absl::Status RunInProcess(const ScoreSpec& spec, ScoreReport& report, ProgressDisplay& progress) {
+void Log(const std::string& line) {
+  if (!absl::GetFlag(FLAGS_quiet)) std::cerr << "specwire-score: " << line << std::endl;
+}
+
+// In-process, this program is the scorer: the drafter runs here, against the extractor(s).
+struct InProcessScorer {
+  std::unique_ptr<ScorerBackend> backend;
+  std::unique_ptr<ExtractorPool> pool;
+  std::unique_ptr<ScoreRunner> runner;  // uses both above
+};
+
+// The runner flags (runner_flags.h, as specwire-scorer's) plus the journal file of one job.
+absl::StatusOr<InProcessScorer> StartInProcess(const ExtractorConnection& extractors,
+                                               const std::string& resume_file) {
+  SW_ASSIGN_OR_RETURN(ScoreRunnerOptions ro, RunnerOptionsFromFlags());
+  ro.journal.results_file = resume_file;
+  ro.log = Log;
+  InProcessScorer s;
+  SW_ASSIGN_OR_RETURN(s.backend, MakeTorchScorerBackend(DrafterOptionsFromFlags()));
+  SW_ASSIGN_OR_RETURN(s.pool, ExtractorPool::Create(extractors.address, extractors.client));
+  s.runner = std::make_unique<ScoreRunner>(s.backend.get(), s.pool.get(), std::move(ro));
+  return s;
+}
+
+absl::Status RunInProcess(const ScoreSpec& spec, const ExtractorConnection& extractors,
+                          ScoreReport& report, ProgressDisplay& progress) {
   report.mode = "in-process";
-  report.endpoint = absl::GetFlag(FLAGS_extractor);
-  TorchScorerOptions to;
-  to.dtype = absl::GetFlag(FLAGS_dtype);
-  to.device = absl::GetFlag(FLAGS_device);
-  to.threads = absl::GetFlag(FLAGS_threads);
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<ScorerBackend> backend, MakeTorchScorerBackend(to));
-  ExtractorClientOptions client_options;
-  SW_ASSIGN_OR_RETURN(client_options.security, SecurityFromFlags());
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<ExtractorPool> pool,
-                      ExtractorPool::Create(report.endpoint, client_options));
-  ScoreRunnerOptions ro;
-  ro.target_checkpoint = absl::GetFlag(FLAGS_target_checkpoint);
-  ro.cache_dir = absl::GetFlag(FLAGS_cache_dir);
-  if (ro.cache_dir.empty()) ro.cache_dir = DefaultCacheDir();
-  if (ro.cache_dir == "none") ro.cache_dir.clear();
-  const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
-  if (wire == "fp32" || wire == "float32" ||
-      (wire == "auto" && (to.dtype == "float32" || to.dtype == "fp32"))) {
-    ro.wire_dtype = DType::kF32;
-  } else if (wire == "bf16" || wire == "bfloat16" || wire == "auto") {
-    ro.wire_dtype = DType::kBF16;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--wire_dtype \"", wire, "\" is not one of fp32, bf16, auto"));
-  }
-  ro.prefetch_per_extractor = absl::GetFlag(FLAGS_prefetch);
-  ro.results_file = absl::GetFlag(FLAGS_resume_file);
-  ro.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_extractor_attempts));
-  ro.log = [&](const std::string& line) {
-    if (!absl::GetFlag(FLAGS_quiet)) std::cerr << "specwire-score: " << line << std::endl;
-  };
-  ScoreRunner runner(backend.get(), pool.get(), ro);
+  report.endpoint = extractors.address;
+  SW_ASSIGN_OR_RETURN(InProcessScorer scorer,
+                      StartInProcess(extractors, absl::GetFlag(FLAGS_resume_file)));
   ScoreEvents events;
   events.on_start = [&](const ScoreStart& s) {
     report.contract = s.contract;
@@ -431,7 +365,7 @@ absl::Status RunInProcess(const ScoreSpec& spec, ScoreReport& report, ProgressDi
   events.on_prompt = [&](const PromptScore& s) { report.prompts.push_back(s); };
   events.on_summary = [&](const AcceptanceSummary& s) { report.summary = s; };
   std::atomic<bool> cancelled{false};
-  return runner.Run(spec, events, cancelled);
+  return scorer.runner->Run(spec, events, cancelled);
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& text) {
@@ -444,85 +378,45 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 std::atomic<bool> g_watch_stop{false};
 void OnWatchSignal(int) { g_watch_stop = true; }
 
-// specwire-score --watch DIR --extractor ADDR: the drafter runs here; each new checkpoint is
-// scored once per eval set and recorded (the scorer service's --watch_dir, without a service).
-absl::Status RunWatch() {
-  if (absl::GetFlag(FLAGS_extractor).empty()) {
+// specwire-score --watch_dir DIR --extractor ADDR: the drafter runs here; each new checkpoint
+// is scored once per eval set and recorded (the scorer service's --watch_dir, without a
+// service; the same eval flags).
+absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& extractors) {
+  if (extractors.address.empty()) {
     return absl::InvalidArgumentError(
-        "--watch runs in-process: give --extractor (a scorer service watches with its own "
+        "--watch_dir runs in-process: give --extractor (a scorer service watches with its own "
         "--watch_dir, or takes uploads from specwire_client.ScorerClient)");
   }
-  const std::string dir = absl::GetFlag(FLAGS_watch);
-  std::string sets_flag = absl::GetFlag(FLAGS_eval_sets);
-  if (sets_flag.empty()) sets_flag = absl::GetFlag(FLAGS_dataset);
-  SW_ASSIGN_OR_RETURN(std::vector<EvalSet> sets, ParseEvalSets(sets_flag));
-  if (sets.empty()) return absl::InvalidArgumentError("--watch needs --eval_sets (or --dataset)");
-  TorchScorerOptions to;
-  to.dtype = absl::GetFlag(FLAGS_dtype);
-  to.device = absl::GetFlag(FLAGS_device);
-  to.threads = absl::GetFlag(FLAGS_threads);
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<ScorerBackend> backend, MakeTorchScorerBackend(to));
-  ExtractorClientOptions client_options;
-  SW_ASSIGN_OR_RETURN(client_options.security, SecurityFromFlags());
-  client_options.timeout_seconds = absl::GetFlag(FLAGS_timeout);
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<ExtractorPool> pool,
-                      ExtractorPool::Create(absl::GetFlag(FLAGS_extractor), client_options));
-  ScoreRunnerOptions ro;
-  ro.target_checkpoint = absl::GetFlag(FLAGS_target_checkpoint);
-  ro.cache_dir = absl::GetFlag(FLAGS_cache_dir);
-  if (ro.cache_dir.empty()) ro.cache_dir = DefaultCacheDir();
-  if (ro.cache_dir == "none") ro.cache_dir.clear();
-  const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
-  if (wire == "fp32" || wire == "float32" || (wire == "auto" && to.dtype == "float32")) {
-    ro.wire_dtype = DType::kF32;
-  } else if (wire == "bf16" || wire == "bfloat16" || wire == "auto") {
-    ro.wire_dtype = DType::kBF16;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--wire_dtype \"", wire, "\" is not one of fp32, bf16, auto"));
+  if (eval.evaluator.eval_sets.empty() && !absl::GetFlag(FLAGS_dataset).empty()) {
+    SW_ASSIGN_OR_RETURN(eval.evaluator.eval_sets, ParseEvalSets(absl::GetFlag(FLAGS_dataset)));
   }
-  ro.prefetch_per_extractor = absl::GetFlag(FLAGS_prefetch);
-  ro.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_extractor_attempts));
-  auto log = [](const std::string& line) {
-    if (!absl::GetFlag(FLAGS_quiet)) std::cerr << "specwire-score: " << line << std::endl;
-  };
-  ro.log = log;
-  ScoreRunner runner(backend.get(), pool.get(), ro);
-  ScoreFn score = [&runner](const ScoreSpec& spec) -> absl::StatusOr<AcceptanceSummary> {
+  if (eval.evaluator.eval_sets.empty()) {
+    return absl::InvalidArgumentError("--watch_dir needs --eval_sets (or --dataset)");
+  }
+  SW_ASSIGN_OR_RETURN(InProcessScorer scorer, StartInProcess(extractors, ""));
+  ScoreRunner* runner = scorer.runner.get();
+  ScoreFn score = [runner](const ScoreSpec& spec) -> absl::StatusOr<AcceptanceSummary> {
     std::optional<AcceptanceSummary> summary;
     ScoreEvents events;
     events.on_summary = [&](const AcceptanceSummary& s) { summary = s; };
-    SW_RETURN_IF_ERROR(runner.Run(spec, events, g_watch_stop));
+    SW_RETURN_IF_ERROR(runner->Run(spec, events, g_watch_stop));
     if (!summary) return absl::InternalError("the scoring job ended without a summary");
     return *summary;
   };
-  std::string db_path = absl::GetFlag(FLAGS_eval_db);
-  if (db_path.empty()) db_path = (std::filesystem::path(dir) / "specwire-eval.sqlite").string();
+  const std::string db_path =
+      eval.db_path.empty()
+          ? (std::filesystem::path(eval.watch.dir) / "specwire-eval.sqlite").string()
+          : eval.db_path;
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ResultsDb> db, ResultsDb::Open(db_path));
-  EvaluatorOptions eo;
-  eo.eval_sets = sets;
-  eo.max_prompts = absl::GetFlag(FLAGS_max_prompts);
-  eo.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  eo.ddtree_budgets.clear();
-  for (absl::string_view b :
-       absl::StrSplit(absl::GetFlag(FLAGS_ddtree), ',', absl::SkipWhitespace())) {
-    int32_t v;
-    if (!absl::SimpleAtoi(b, &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--ddtree: \"", std::string(b), "\" is not an integer"));
-    }
-    eo.ddtree_budgets.push_back(v);
-  }
-  eo.log = log;
-  ContinuousEvaluator evaluator(db.get(), score, eo, nullptr);
-  WatchOptions wo;
-  wo.dir = dir;
-  wo.run = absl::GetFlag(FLAGS_watch_run);
-  CheckpointWatcher watcher(&evaluator, wo, nullptr);
+  eval.evaluator.log = Log;
+  ContinuousEvaluator evaluator(db.get(), score, eval.evaluator, nullptr);
+  CheckpointWatcher watcher(&evaluator, eval.watch, nullptr);
   signal(SIGINT, OnWatchSignal);
   signal(SIGTERM, OnWatchSignal);
-  log(absl::StrCat("watching ", dir, " as run ", watcher.options().run, "; results in ", db_path));
-  if (const std::string base = absl::GetFlag(FLAGS_baseline_drafter); !base.empty()) {
+  Log(absl::StrCat("watching ", eval.watch.dir, " as run ", watcher.options().run, "; results in ",
+                   db_path));
+  if (!eval.baseline_drafter.empty()) {
+    const std::string& base = eval.baseline_drafter;
     auto fp = DirectoryFingerprint(base);
     CheckpointRef ref{"baseline", 0, base, fp.ok() ? *fp : "", "baseline"};
     absl::Status complete = CheckCheckpointComplete(base);
@@ -530,11 +424,12 @@ absl::Status RunWatch() {
         (complete.ok() ? evaluator.Evaluate(ref) : evaluator.RecordFailure(ref, complete))
             .status());
   }
-  const auto period = std::chrono::duration<double>(absl::GetFlag(FLAGS_watch_poll_seconds));
+  const auto period = std::chrono::duration<double>(eval.poll_seconds);
+  const int64_t scans = absl::GetFlag(FLAGS_watch_scans);
   for (int64_t scan = 1; !g_watch_stop; ++scan) {
     auto n = watcher.Poll(g_watch_stop);
-    if (!n.ok()) log(absl::StrCat("watch: ", n.status().ToString()));
-    if (absl::GetFlag(FLAGS_watch_scans) > 0 && scan >= absl::GetFlag(FLAGS_watch_scans)) break;
+    if (!n.ok()) Log(absl::StrCat("watch: ", n.status().ToString()));
+    if (scans > 0 && scan >= scans) break;
     for (auto t = std::chrono::steady_clock::now() + period;
          !g_watch_stop && std::chrono::steady_clock::now() < t;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -552,9 +447,12 @@ absl::Status RunWatch() {
 }
 
 absl::Status Run() {
-  const bool via_scorer = !absl::GetFlag(FLAGS_scorer).empty();
-  if (!absl::GetFlag(FLAGS_watch).empty()) return RunWatch();
-  if (via_scorer == !absl::GetFlag(FLAGS_extractor).empty()) {
+  SW_ASSIGN_OR_RETURN(ContinuousEvalOptions eval, ContinuousEvalOptionsFromFlags());
+  SW_ASSIGN_OR_RETURN(ScorerConnection scorer, ScorerConnectionFromFlags());
+  SW_ASSIGN_OR_RETURN(ExtractorConnection extractors, ExtractorConnectionFromFlags({}));
+  if (!eval.watch.dir.empty()) return RunWatch(std::move(eval), extractors);
+  const bool via_scorer = !scorer.address.empty();
+  if (via_scorer == !extractors.address.empty()) {
     return absl::InvalidArgumentError("give exactly one of --scorer and --extractor (see --help)");
   }
   SW_ASSIGN_OR_RETURN(ScoreSpec spec, SpecFromFlags());
@@ -562,8 +460,8 @@ absl::Status Run() {
   ScoreReport report = NewReport(spec);
   ProgressDisplay progress(absl::GetFlag(FLAGS_quiet));
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status status =
-      via_scorer ? RunOnScorer(spec, report, progress) : RunInProcess(spec, report, progress);
+  absl::Status status = via_scorer ? RunOnScorer(spec, scorer, report, progress)
+                                   : RunInProcess(spec, extractors, report, progress);
   progress.End();
   SW_RETURN_IF_ERROR(status);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -584,18 +482,15 @@ absl::Status Run() {
 }  // namespace specwire
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::vector<std::string> args = specwire::ParseCommandLineFlags(
+      argc, argv,
       "specwire-score (--scorer ADDR | --extractor ADDR) --drafter DIR (--dataset F | "
       "--prompts_file F | --tokens IDS | --text T) [flags]\n"
+      "specwire-score --extractor ADDR --watch_dir DIR --eval_sets SETS [flags]\n"
       "Scores a DFlash drafter (τ, per-position acceptance, DDTree-N) and writes JSON / HTML "
-      "reports.");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("score_cli_main") != absl::string_view::npos;
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = specwire::Run();
+      "reports; with --watch_dir, every checkpoint appearing in DIR.");
+  absl::Status s =
+      args.empty() ? specwire::Run() : absl::InvalidArgumentError("unexpected argument " + args[0]);
   if (!s.ok()) {
     std::cerr << "specwire-score: " << s.ToString() << std::endl;
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

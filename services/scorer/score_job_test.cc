@@ -207,7 +207,7 @@ TEST(ResolveExtractorAddresses, ListsAndDns) {
 }
 
 TEST(ValidateSpec, Limits) {
-  ScoreRunnerOptions o;
+  ScoreLimits o;
   o.max_new_tokens = 100;
   o.max_ddtree_budget = 64;
   o.max_ddtree_budgets = 2;
@@ -417,8 +417,8 @@ TEST(ScoreRunner, BehindDnsAnUnansweringAddressIsLeftOut) {
     Recorded r;
     std::atomic<bool> cancelled{false};
     ScoreRunnerOptions fast;  // a listed address is retried (the retry policy) before failing
-    fast.retry.initial_backoff_s = 0.001;
-    fast.retry.max_backoff_s = 0.002;
+    fast.fetch.retry.initial_backoff_s = 0.001;
+    fast.fetch.retry.max_backoff_s = 0.002;
     absl::Status s =
         ScoreRunner(&backend, pool.get(), fast).Run(FiveTokenPrompts(), Record(r), cancelled);
     if (!dns) {
@@ -454,7 +454,7 @@ TEST(ScoreRunner, ErrorsNameThePromptAndTheExtractor) {
   Recorded r;
   std::atomic<bool> cancelled{false};
   ScoreRunnerOptions no_retry;
-  no_retry.retry.max_attempts = 1;
+  no_retry.fetch.retry.max_attempts = 1;
   absl::Status s =
       ScoreRunner(&backend, pool.get(), no_retry).Run(FiveTokenPrompts(), Record(r), cancelled);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
@@ -500,7 +500,7 @@ TEST(ScoreRunner, TextPromptsAndDatasetsAreTokenizedByTheExtractor) {
 TEST(ScoreRunner, TargetHeadIsCachedByDigestAcrossRestarts) {
   const fs::path cache = TempDir("cache");
   ScoreRunnerOptions o;
-  o.cache_dir = cache.string();
+  o.head.cache_dir = cache.string();
   std::vector<std::string> log;
   o.log = [&](const std::string& l) { log.push_back(l); };
   std::atomic<bool> cancelled{false};
@@ -569,7 +569,7 @@ TEST(ScoreRunner, LocalCheckpointHead) {
   std::vector<FakeEndpoint*> raw;
   auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
   ScoreRunnerOptions o;
-  o.target_checkpoint = dir.string();
+  o.head.target_checkpoint = dir.string();
   FakeBackend backend;
   Recorded r;
   std::atomic<bool> cancelled{false};
@@ -622,9 +622,9 @@ class FlakyEndpoint : public FakeEndpoint {
 
 ScoreRunnerOptions FastRetries(int attempts) {
   ScoreRunnerOptions o;
-  o.retry.max_attempts = attempts;
-  o.retry.initial_backoff_s = 0.001;
-  o.retry.max_backoff_s = 0.004;
+  o.fetch.retry.max_attempts = attempts;
+  o.fetch.retry.initial_backoff_s = 0.001;
+  o.fetch.retry.max_backoff_s = 0.004;
   return o;
 }
 
@@ -794,7 +794,7 @@ TEST(ScoreRunner, ResumesFromTheResultsJournal) {
   spec.drafter_path = (dir / "drafter").string();
   spec.job_id = "job-1";
   ScoreRunnerOptions o;
-  o.results_dir = (dir / "results").string();
+  o.journal.results_dir = (dir / "results").string();
   std::vector<FakeEndpoint*> raw;
   auto pool = ExtractorPool::FromEndpoints(Endpoints(1, &raw));
   FakeBackend backend;
@@ -821,7 +821,7 @@ TEST(ScoreRunner, ResumesFromTheResultsJournal) {
 }
 
 TEST(ValidateSpec, JobId) {
-  ScoreRunnerOptions o;
+  ScoreLimits o;
   ScoreSpec s = FiveTokenPrompts();
   for (const char* bad : {"../x", "a/b", "..", "sp ace"}) {
     s.job_id = bad;

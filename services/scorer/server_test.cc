@@ -19,7 +19,7 @@ using testing::FakeEndpoint;
 
 struct Harness {
   explicit Harness(int64_t max_queue = 4, int delay_ms = 0, DrafterSpec drafter = FakeDrafter(),
-                   ScoreRunnerOptions options = ScoreRunnerOptions())
+                   ScoreLimits limits = ScoreLimits())
       : backend(std::move(drafter)) {
     std::vector<std::unique_ptr<ExtractorEndpoint>> eps;
     auto e = std::make_unique<FakeEndpoint>("fake:1");
@@ -27,9 +27,11 @@ struct Harness {
     endpoint = e.get();
     eps.push_back(std::move(e));
     pool = ExtractorPool::FromEndpoints(std::move(eps));
+    ScoreRunnerOptions options;
+    options.limits = limits;
     runner = std::make_unique<ScoreRunner>(&backend, pool.get(), options);
     worker = std::make_unique<ScoreWorker>(runner.get(), max_queue, &metrics);
-    service = std::make_unique<ScorerService>(worker.get(), &metrics, options);
+    service = std::make_unique<ScorerService>(worker.get(), &metrics, limits);
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -194,7 +196,7 @@ TEST(ScorerService, DatasetOverThePromptLimitIsRefusedWithoutReadingItAll) {
     for (int i = 0; i < 5; ++i) f << "{\"input_ids\": [1, 2, " << i << "]}\n";
     f << "this line is not JSON\n";
   }
-  ScoreRunnerOptions options;
+  ScoreLimits options;
   options.max_prompts = 3;
   Harness h(4, 0, FakeDrafter(), options);
   v1::ScoreRequest r = Request();

@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status.h"
 #include "services/scorer/server.h"
 

@@ -57,7 +57,7 @@ struct ContinuousEvalConfig {
   SubmitOptions submit;
   // The service's limits (and --data_root): the eval settings are checked against them at
   // start-up, so a misfit is a start-up error rather than every checkpoint recorded as failed.
-  ScoreRunnerOptions limits;
+  ScoreLimits limits;
 };
 
 class ContinuousEval {

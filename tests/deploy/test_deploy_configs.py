@@ -35,12 +35,16 @@ def compose_command() -> list[str]:
 
 
 def health_probe(test: list[str]) -> tuple[str, str]:
-    """(target, service) of a `specwire-cli health` probe command."""
+    """(address, service) of a `specwire-cli health` probe command: the server is named by the
+    connection flags of its kind (--extractor / --scorer), and so is the deadline."""
     if test and test[0] in ("CMD", "CMD-SHELL"):
         test = test[1:]
     assert test[:2] == ["specwire-cli", "health"], test
     args = dict(zip(test[2::2], test[3::2]))
-    return args["--target"], args.get("--service", "")
+    kinds = [k for k in ("extractor", "scorer") if f"--{k}" in args]
+    assert len(kinds) == 1, test
+    assert f"--{kinds[0]}_timeout" in args, test  # a probe never waits without a deadline
+    return args[f"--{kinds[0]}"], args.get("--service", "")
 
 
 def mounts(service: dict) -> dict[str, str]:

@@ -18,7 +18,7 @@ import yaml
 from deploy_harness import (DEPLOY, SCORE, Process, binary, extractor, free_port, http_get,
                             scorer)
 
-import extractor_harness  # noqa: E402,F401  (puts tests/parity on sys.path)
+import extractor_harness  # noqa: E402  (puts tests/parity on sys.path)
 import dflash_fixtures as F  # noqa: E402  (the drafter is dflash's model class)
 
 DRAFTER_LABEL = "live-drafter"
@@ -119,6 +119,20 @@ def score(stack, n: int) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def scraped_since_last_change(stack) -> bool:
+    """Whether Prometheus' newest samples of the extractor and the scorer hold what they export
+    now (a counter that only work moves, per target): each was scraped after its last change."""
+    prom = stack["prometheus"]
+    for proc, name in ((stack["extractor"], "specwire_extractor_tokens_total"),
+                       (stack["scorer"], "specwire_scorer_prompts_scored_total")):
+        here = extractor_harness.metric_sum(
+            http_get(f"http://127.0.0.1:{proc.metrics_port}/metrics"), name)
+        there = prom.query(f"sum({name})")
+        if here == 0 or not there or float(there[0]["value"][1]) != here:
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def scored(stack) -> dict:
     """Two scoring jobs with scrapes in between, so counters and histograms move inside the
@@ -128,7 +142,8 @@ def scored(stack) -> dict:
     assert up, prom.query('up')
     score(stack, 1)
     prom.wait_for(f'specwire_spec_decode_num_drafts_total{{drafter="{DRAFTER_LABEL}"}}')
-    time.sleep(1.5)
+    extractor_harness.wait_for(lambda: scraped_since_last_change(stack), 30,
+                               "a scrape of both targets between the two jobs")
     score(stack, 2)
     prom.wait_for('increase(specwire_scorer_prompts_scored_total[1m]) > 0')
     prom.wait_for('increase(specwire_extractor_requests_total[1m]) > 0')

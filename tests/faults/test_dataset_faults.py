@@ -9,11 +9,10 @@ wrapper below records that the stream broke after it had started.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
-from faults_harness import random_sequences
+from faults_harness import random_sequences, wait_for
 
 from specwire_client import ExtractorClient, FeatureDataset, IncompleteStream
 
@@ -86,7 +85,8 @@ def test_extractor_killed_mid_stream_and_restarted(extractor_factory, checkpoint
         server.kill()
 
         def run() -> None:
-            time.sleep(0.5)  # some retries hit the closed port first
+            # Some retries hit the closed port first: the cut stream and one retry have failed.
+            wait_for(lambda: ds.retries >= 2, 60, "a retry to fail on the closed port")
             server.start()
             restarted.set()
         threading.Thread(target=run, daemon=True).start()

@@ -9,9 +9,9 @@ greedy outputs (so step lengths spread over 1..B and "the same report" means som
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -104,7 +104,11 @@ def test_scorer_retries_when_the_extractor_is_killed_and_restarted(
             ext.kill()
 
             def restart() -> None:
-                time.sleep(0.4)
+                # Back once the scorer has retried into the closed port: a prompt's second (or
+                # later) attempt has failed too.
+                wait_for(lambda: re.search(r"\(attempt [2-9]\d* of \d+ there\), retrying",
+                                           scorer.log()), 60,
+                         "a retry of the scorer to fail on the closed port")
                 ext.start()
                 restarted.set()
             threading.Thread(target=restart, daemon=True).start()
@@ -145,7 +149,7 @@ def test_in_process_score_survives_losing_one_of_two_extractors(
 
 def test_non_retryable_extractor_error_fails_at_once(scorer_factory, extractor, pair):
     """INVALID_ARGUMENT from the extractor (a prompt token outside its limits) is not retried."""
-    scorer = scorer_factory(extractor.address, args=("--max_new_tokens=200000",))
+    scorer = scorer_factory(extractor.address, args=("--max_new_tokens_limit=200000",))
     with pytest.raises(grpc.RpcError) as info:
         list(stub(scorer).Score(request(pair, max_new_tokens=150000), timeout=60))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -305,7 +309,7 @@ def test_scorer_cancel_and_deadline_cancel_the_extractor_call(
     """The scorer cancels its Generate in flight (it does not wait for the completion): the
     extractor counts it CANCELLED, its stream gauge returns to 0, and the next job runs."""
     ext = extractor_factory(pair["target"])
-    scorer = scorer_factory(ext.address, args=("--max_new_tokens=100000",))
+    scorer = scorer_factory(ext.address, args=("--max_new_tokens_limit=100000",))
     # A short job first: the target head is fetched and cached, so the long job's Generate
     # starts at once (well inside the deadline below).
     assert list(stub(scorer).Score(request(pair, max_new_tokens=4), timeout=60))[-1].HasField(

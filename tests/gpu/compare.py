@@ -278,9 +278,9 @@ class Checker:
         out_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
         env = {"NVIDIA_TF32_OVERRIDE": "0"} if dtype == "float32" else {}
         return self.run([self.extract, "extract", "--model", self.ref / ckpt["model"],
-                         "--tokens-file", self.tokens_file, "--layers", layers, "--embedding",
-                         "--final-norm", "--device-map", device_map, "--dtype", dtype,
-                         "--out", out, "--out-dtype", out_dtype], env)
+                         "--tokens_file", self.tokens_file, "--layers", layers, "--embedding",
+                         "--final_norm", "--device_map", device_map, "--dtype", dtype,
+                         "--out", out, "--out_dtype", out_dtype], env)
 
     @staticmethod
     def failure(res) -> str:
@@ -336,9 +336,9 @@ class Checker:
         name = f"generate {ckpt['name']} float32"
         ref = json.loads((self.ref / ckpt["name"] / "greedy.json").read_text())
         res, secs = self.run([self.extract, "generate", "--model", self.ref / ckpt["model"],
-                              "--tokens-file", self.tokens_file, "--max-new-tokens",
-                              self.manifest["max_new_tokens"], "--no-config-eos",
-                              "--device-map", self.device, "--dtype", "float32"],
+                              "--tokens_file", self.tokens_file, "--max_new_tokens",
+                              self.manifest["max_new_tokens"], "--ignore_model_eos",
+                              "--device_map", self.device, "--dtype", "float32"],
                              {"NVIDIA_TF32_OVERRIDE": "0"})
         if res.returncode != 0:
             if ckpt.get("hybrid") and "UNIMPLEMENTED" in res.stderr:
@@ -398,10 +398,10 @@ class Checker:
         tokens.write_text(json.dumps([ids]))
         out = self.work / "long.bfloat16.safetensors"
         L = QWEN3_100M["num_hidden_layers"]
-        res, secs = self.run([self.extract, "extract", "--model", model_dir, "--tokens-file", tokens,
+        res, secs = self.run([self.extract, "extract", "--model", model_dir, "--tokens_file", tokens,
                               "--layers", ",".join(str(k) for k in range(L)), "--embedding",
-                              "--final-norm", "--device-map", self.device, "--dtype", "bfloat16",
-                              "--out", out, "--out-dtype", "bfloat16"])
+                              "--final_norm", "--device_map", self.device, "--dtype", "bfloat16",
+                              "--out", out, "--out_dtype", "bfloat16"])
         if res.returncode != 0:
             return self.row(name, "ERROR", self.failure(res))
         ours, _ = read_safetensors(out)
@@ -430,8 +430,8 @@ class Checker:
     def benchmark(self, model_dir: Path) -> None:
         a = self.args
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[a.bench_dtype]
-        res, secs = self.run([self.bench, "--model", model_dir, "--device-map", self.device,
-                              "--dtype", a.bench_dtype, "--seq-lens", a.seq_lens, "--reps", a.reps,
+        res, secs = self.run([self.bench, "--model", model_dir, "--device_map", self.device,
+                              "--dtype", a.bench_dtype, "--seq_lens", a.seq_lens, "--reps", a.reps,
                               "--warmup", a.warmup], timeout=400)
         if res.returncode != 0:
             return self.row(f"bench {a.bench_dtype}", "ERROR", self.failure(res))

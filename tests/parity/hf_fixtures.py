@@ -59,6 +59,11 @@ DENSE_CONFIGS: dict[str, dict[str, Any]] = {
                                                original_max_position_embeddings=64)),
     # Llama, tied, default rope, explicit head_dim.
     "llama_tied": dict(model_type="llama", tie_word_embeddings=True, head_dim=8),
+    # Qwen3 with YaRN rope (the attention factor scales cos and sin; one RoPE for targets and
+    # drafters, common/models/rope.cc).
+    "qwen3_yarn": dict(model_type="qwen3", head_dim=16, max_position_embeddings=256,
+                       rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=16.0,
+                                         original_max_position_embeddings=32)),
 }
 
 

@@ -4,7 +4,7 @@ transformers is the oracle: hidden states, greedy trajectories and checkpoint la
 AutoModelForCausalLM does with the same tiny random checkpoint. Every CLI call carries a whole
 batch, so the suite stays within a minute and a half on two cores.
 
-Tap convention checked here (DESIGN.md, "Layer ids"): embedding = hidden_states[0]; layer k =
+Tap convention checked here (docs/ARCHITECTURE.md, "Contracts"): embedding = hidden_states[0]; layer k =
 output of decoder layer k = hidden_states[k + 1]; final_norm = hidden_states[L]. transformers puts
 the final-norm output, not layer L-1's raw output, at hidden_states[L], so the oracle of layer L-1
 is read at the input of the final norm (see hf_fixtures.hf_taps).
@@ -79,8 +79,8 @@ def full_capture(checkpoint, extract_bin, tmp_path_factory) -> Callable:
             tokens = write_tokens(root / f"{name}.json", seqs)
             out = root / f"{name}-{dtype_name}.safetensors"
             run_extract(["extract", "--model", str(path), "--dtype", dtype_name,
-                         "--tokens-file", str(tokens), "--layers",
-                         all_layers(cfg["num_hidden_layers"]), "--embedding", "--final-norm",
+                         "--tokens_file", str(tokens), "--layers",
+                         all_layers(cfg["num_hidden_layers"]), "--embedding", "--final_norm",
                          "--out", str(out)])
             done[(name, dtype_name)] = (path, tokens, seqs, load_file(out))
         return done[(name, dtype_name)]
@@ -128,7 +128,7 @@ def test_capture_subset_is_exact(name, dtype_name, full_capture, tmp_path):
     """Asking for layer 1 alone returns exactly seq.i.layer.1, bit-identical to the full capture."""
     path, tokens, seqs, full = full_capture(name, dtype_name)
     out = tmp_path / "layer1.safetensors"
-    run_extract(["extract", "--model", str(path), "--dtype", dtype_name, "--tokens-file",
+    run_extract(["extract", "--model", str(path), "--dtype", dtype_name, "--tokens_file",
                  str(tokens), "--layers", "1", "--out", str(out)])
     got = load_file(out)
     assert set(got) == {f"seq.{i}.layer.1" for i in range(len(seqs))}
@@ -137,11 +137,11 @@ def test_capture_subset_is_exact(name, dtype_name, full_capture, tmp_path):
 
 
 def test_out_dtype_bfloat16_is_rounded_float32(full_capture, tmp_path):
-    """--out-dtype bfloat16 writes the fp32 states rounded to bf16, nothing else."""
+    """--out_dtype bfloat16 writes the fp32 states rounded to bf16, nothing else."""
     path, tokens, seqs, full = full_capture("qwen3_mqa_untied", "float32")
     out = tmp_path / "bf16.safetensors"
-    run_extract(["extract", "--model", str(path), "--tokens-file", str(tokens), "--layers", "2",
-                 "--final-norm", "--out-dtype", "bfloat16", "--out", str(out)])
+    run_extract(["extract", "--model", str(path), "--tokens_file", str(tokens), "--layers", "2",
+                 "--final_norm", "--out_dtype", "bfloat16", "--out", str(out)])
     got = load_file(out)
     assert set(got) == {f"seq.{i}.{t}" for i in range(len(seqs)) for t in ("layer.2", "final_norm")}
     for key, t in got.items():
@@ -156,7 +156,7 @@ def test_out_dtype_bfloat16_is_rounded_float32(full_capture, tmp_path):
 def cli_generate(path: Path, prompts: list[list[int]], *extra: str) -> list[dict]:
     tokens = ";".join(",".join(map(str, p)) for p in prompts)
     res = run_extract(["generate", "--model", str(path), "--tokens", tokens,
-                       "--max-new-tokens", str(MAX_NEW_TOKENS), *extra])
+                       "--max_new_tokens", str(MAX_NEW_TOKENS), *extra])
     out = json.loads(res.stdout)
     return out if isinstance(out, list) else [out]
 
@@ -166,7 +166,7 @@ def test_greedy_matches_generate(name, checkpoint, hf_model):
     path = checkpoint(name, "gen")
     model = hf_model(name, torch.float32, "gen")
     prompts = generation_prompts(model.config.vocab_size)
-    ours = cli_generate(path, prompts, "--no-config-eos")
+    ours = cli_generate(path, prompts, "--ignore_model_eos")
     assert len(ours) == len(prompts)
     for prompt, got in zip(prompts, ours):
         want = greedy(model, prompt, MAX_NEW_TOKENS, eos=None)
@@ -190,7 +190,7 @@ def test_greedy_stop_token_matches_generate(checkpoint, hf_model, tmp_path):
     expected = free[:free.index(stop) + 1]
 
     assert greedy(model, prompt, MAX_NEW_TOKENS, eos=[stop]) == expected
-    [got] = cli_generate(path, [prompt], "--no-config-eos", "--stop", str(stop))
+    [got] = cli_generate(path, [prompt], "--ignore_model_eos", "--stop", str(stop))
     assert got == {"tokens": expected, "finish_reason": "stop_token"}, f"stop token {stop}"
 
     # The same token as the checkpoint's own eos: the CLI reads config.json, HF its
@@ -209,7 +209,7 @@ def test_greedy_stop_token_matches_generate(checkpoint, hf_model, tmp_path):
     assert hf[0, len(prompt):].tolist() == expected
     [got] = cli_generate(eos_path, [prompt])
     assert got == {"tokens": expected, "finish_reason": "stop_token"}, f"config eos {stop}"
-    [got] = cli_generate(eos_path, [prompt], "--no-config-eos")
+    [got] = cli_generate(eos_path, [prompt], "--ignore_model_eos")
     assert got == {"tokens": free, "finish_reason": "max_new_tokens"}
 
 
@@ -309,7 +309,7 @@ BAD_INPUTS: dict[str, tuple] = {
                              "final_norm"]),
     "layer_negative": (None, ["--tokens", "1,2", "--layers", "-1"], 2,
                        ["layer_ids: -1 is outside [0, 3)"]),
-    "empty_sequence_in_file": (None, ["--tokens-file", "{tokens}", "--layers", "0"], 2,
+    "empty_sequence_in_file": (None, ["--tokens_file", "{tokens}", "--layers", "0"], 2,
                                ["INVALID_ARGUMENT", "sequences[1]: empty"]),
     "unknown_model_type": (lambda d: edit_config(d, model_type="qwen9"),
                            ["--tokens", "1,2", "--layers", "0"], 2,

@@ -124,7 +124,7 @@ def test_drafter_forward_matches_dflash(variant, dtype, target, replay_bin, tmp_
     cases = forward_cases(block, rows)
     save_file({f"case.{i}.features": features.clone() for i in range(len(cases))},
               str(tmp_path / "cases.safetensors"), metadata={"cases": json.dumps(cases)})
-    F.run_replay(["draft", "--drafter", str(drafter_dir), "--target", str(target_dir),
+    F.run_replay(["draft", "--drafter", str(drafter_dir), "--target_checkpoint", str(target_dir),
                   "--cases", str(tmp_path / "cases.safetensors"),
                   "--out", str(tmp_path / "out.safetensors"), "--threads", "1",
                   "--dtype", dtype])
@@ -196,10 +196,11 @@ def ours_replay(trained: dict, target_dir: Path, block: int) -> dict:
     B=8 in batches of 3 (3, 3, 3, 1)."""
     if block not in trained["results"]:
         trained["results"][block] = F.run_replay([
-            "--drafter", str(trained["dirs"][block]), "--target", str(target_dir),
-            "--tokens-file", str(trained["prompts_file"]),
-            "--max-new-tokens", str(MAX_NEW_TOKENS), "--stop", str(trained["stop"]),
-            "--no-config-eos", "--ddtree", ",".join(map(str, DDTREE_BUDGETS)), "--threads", "1",
+            "--drafter", str(trained["dirs"][block]), "--target_checkpoint", str(target_dir),
+            "--tokens_file", str(trained["prompts_file"]),
+            "--max_new_tokens", str(MAX_NEW_TOKENS), "--stop", str(trained["stop"]),
+            "--ignore_model_eos", "--ddtree", ",".join(map(str, DDTREE_BUDGETS)),
+            "--threads", "1",
             "--batch", "16" if block == 16 else "3"])
     return trained["results"][block]
 

@@ -309,7 +309,7 @@ def report(mismatches: list[tuple], total: int, what: str) -> str:
 @pytest.mark.parametrize("add_special_tokens", [False, True], ids=["plain", "special"])
 def test_encode_matches_hf(model, variant, add_special_tokens, binary, tokenizer_files, texts):
     path, hf = tokenizer_files[model, variant]
-    flags = ["--add-special-tokens"] if add_special_tokens else []
+    flags = ["--add_special_tokens"] if add_special_tokens else []
     ours = [o["ids"] for o in run_cli(binary, path, [{"text": t} for t in texts], *flags)]
     want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=add_special_tokens)]
     bad = [(t, o, w) for t, o, w in zip(texts, ours, want) if o != w]
@@ -322,7 +322,7 @@ def test_pre_tokenize_matches_hf(variant, binary, tokenizer_files, texts):
     this still sees every difference in regex semantics."""
     path, hf = tokenizer_files["qwen", variant]
     ours = [o["pieces"] for o in run_cli(binary, path, [{"text": t} for t in texts],
-                                         "--pre-tokenize")]
+                                         "--pre_tokenize")]
     want = [[piece for piece, _ in hf.pre_tokenizer.pre_tokenize_str(t)] for t in texts]
     bad = [(t, o, w) for t, o, w in zip(texts, ours, want) if o != w]
     assert not bad, report(bad, len(texts), f"{variant} pre-tokenizations (text | ours | hf)")
@@ -339,7 +339,7 @@ def test_decode_matches_hf(model, variant, binary, tokenizer_files, texts):
     id_lists += [[rng.randrange(size) for _ in range(rng.randrange(1, 24))] for _ in range(1000)]
     docs = [{"ids": ids} for ids in id_lists]
     for skip in (False, True):
-        flags = ["--decode"] + (["--skip-special-tokens"] if skip else [])
+        flags = ["--decode"] + (["--skip_special_tokens"] if skip else [])
         ours = [o["text"] for o in run_cli(binary, path, docs, *flags)]
         want = hf.decode_batch(id_lists, skip_special_tokens=skip)
         bad = [(ids, o, w) for ids, o, w in zip(id_lists, ours, want) if o != w]

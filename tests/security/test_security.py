@@ -241,12 +241,13 @@ def test_metrics_on_their_own_plain_address(servers):
 def test_cli_flags(servers, certs):
     s = servers["mtls_token"]
     cli = _binary("clients/cli", "specwire-cli")
-    base = [str(cli), "info", "--target", s.address, "--timeout", "20", "--tls-ca",
-            str(certs["ca"]), "--tls-client-cert", str(certs["client"]), "--tls-client-key",
-            str(certs["client.key"])]
+    # The same --extractor* flags as specwire-scorer's and specwire-score's.
+    base = [str(cli), "info", "--extractor", s.address, "--extractor_timeout", "20",
+            "--extractor_tls_ca", str(certs["ca"]), "--extractor_tls_client_cert",
+            str(certs["client"]), "--extractor_tls_client_key", str(certs["client.key"])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECWIRE_AUTH_TOKEN")}
-    ok = subprocess.run(base + ["--auth-token-file", str(certs["token"])], capture_output=True,
-                        text=True, timeout=60, env=env)
+    ok = subprocess.run(base + ["--extractor_auth_token_file", str(certs["token"])],
+                        capture_output=True, text=True, timeout=60, env=env)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["num_layers"] == 3
     missing = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
@@ -255,9 +256,9 @@ def test_cli_flags(servers, certs):
     from_env = subprocess.run(base, capture_output=True, text=True, timeout=60,
                               env=env | {"SPECWIRE_AUTH_TOKEN_FILE": str(certs["token"])})
     assert from_env.returncode == 0, from_env.stderr
-    bad = subprocess.run(base + ["--auth-token-file", str(certs["dir"] / "nope")],
+    bad = subprocess.run(base + ["--extractor_auth_token_file", str(certs["dir"] / "nope")],
                          capture_output=True, text=True, timeout=60, env=env)
-    assert bad.returncode == 2 and "--auth-token-file" in bad.stderr
+    assert bad.returncode == 2 and "--extractor_auth_token_file" in bad.stderr
 
 
 # --- the scorer: TLS + token in front, mTLS + token to the extractor ---------------------------
@@ -340,12 +341,12 @@ def test_scoring_job_over_tls_and_tokens(scorers, certs, pair, monkeypatch):
         list(stub.Score(_request(pair), timeout=60))
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     ch.close()
-    # specwire-score through the scorer, with its TLS and token flags
+    # specwire-score through the scorer, with its --scorer* TLS and token flags
     out = pair["root"] / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECWIRE_AUTH_TOKEN")}
     res = subprocess.run(
         [str(_binary("services/scorer", "specwire-score")), "--scorer", scorers["good"].address,
-         "--tls_ca", str(certs["ca"]), "--auth_token_file", str(certs["token"]),
+         "--scorer_tls_ca", str(certs["ca"]), "--scorer_auth_token_file", str(certs["token"]),
          "--drafter", str(pair["drafter"]), "--tokens", "5,6,7,8,9", "--max_new_tokens", "8",
          "--json_out", str(out), "--quiet"], capture_output=True, text=True, timeout=120,
         env=env)

@@ -1,5 +1,6 @@
 """What the service tests share: a specwire-extractor process handle, free ports, a metrics
-parser, a tiny tokenizer.json, random token sequences, the offline CLI."""
+parser, waits on observable state (a condition, a metric), a tiny tokenizer.json, random token
+sequences, the offline CLI."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import pytest
 import torch
@@ -21,7 +24,8 @@ sys.path.insert(0, str(REPO / "tests" / "parity"))
 import hf_fixtures  # noqa: E402,F401  (re-exported for the tests)
 
 __all__ = ["CHECKPOINT", "THREADS", "ExtractorServer", "binary", "build_dir", "cli_extract",
-           "free_port", "hf_fixtures", "make_tokenizer_json", "metric_value", "random_sequences"]
+           "free_port", "hf_fixtures", "make_tokenizer_json", "metric_sum", "metric_value",
+           "random_sequences", "wait_for", "wait_for_metric"]
 
 CHECKPOINT = "qwen3_gqa2_tied"  # 3 layers, hidden 64, vocab 512, tied embeddings
 # Intra-op threads of the servers and of the offline CLI: one each on the 2-core CI machines
@@ -103,7 +107,7 @@ class ExtractorServer:
                + (f"127.0.0.1:{self.metrics_port}" if self.metrics_port else ""),
                # Room for the lifecycle tests' endless generations; tests of the limit pass
                # their own value after it (the last flag wins).
-               "--max_new_tokens=100000",
+               "--max_new_tokens_limit=100000",
                *self.args]
         self.proc, self.port = launch_server(cmd, self.log_path, timeout)
         return self
@@ -166,6 +170,64 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of every sample of `name` whose labels include `labels` (0 when there is none):
+    e.g. all codes of one method of a counter."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)(?:\{(.*)\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *,
+             log: Callable[[], str] | None = None) -> T:
+    """Polls `predicate` (every 0.05 s) until it returns a true value, and returns that value.
+    `timeout` is a safety net for a condition that never comes, not a measurement: past it the
+    test fails naming `what` (and showing the tail of `log()` if given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            tail = f"\n--- log ---\n{log()[-4000:]}" if log else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{tail}")
+        time.sleep(0.05)
+
+
+class _HasMetrics(Protocol):
+    def metrics(self) -> str: ...
+
+
+def wait_for_metric(server: _HasMetrics, name: str, want: float | Callable[[float], bool],
+                    timeout: float = 30.0, **labels: str) -> float:
+    """Waits until the sample `name{labels}` on the server's metrics endpoint equals `want` (or
+    satisfies it, when `want` is a predicate) and returns the value; works for any process
+    handle with a metrics() -> Prometheus text method (extractor, scorer)."""
+    ok = want if callable(want) else (lambda v: v == want)
+    shown = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    what = f"{name}{{{shown}}} to reach {'the condition' if callable(want) else want}"
+    seen: list[float] = []
+
+    def check() -> bool:
+        seen[:] = [metric_value(server.metrics(), name, **labels)]
+        return ok(seen[0])
+
+    try:
+        wait_for(check, timeout, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e} (last value {seen[0] if seen else 'none'})") from None
+    return seen[0]
+
+
 def make_tokenizer_json(path: Path, vocab_size: int = 400) -> Path:
     """A small byte-level BPE tokenizer.json (ids below the tiny models' vocabulary of 512)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -198,10 +260,10 @@ def cli_extract(model: Path, sequences: list[list[int]], out: Path, *, dtype: st
     tokens = out.with_suffix(".tokens.json")
     tokens.write_text(json.dumps(sequences))
     cmd = [str(binary("specwire-extract")), "extract", f"--model={model}", f"--dtype={dtype}",
-           f"--tokens-file={tokens}", "--layers=" + ",".join(map(str, layers)),
-           f"--out={out}", f"--out-dtype={out_dtype}", f"--threads={THREADS}"]
+           f"--tokens_file={tokens}", "--layers=" + ",".join(map(str, layers)),
+           f"--out={out}", f"--out_dtype={out_dtype}", f"--threads={THREADS}"]
     cmd += ["--embedding"] if embedding else []
-    cmd += ["--final-norm"] if final_norm else []
+    cmd += ["--final_norm"] if final_norm else []
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr}")

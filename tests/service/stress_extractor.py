@@ -18,9 +18,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extractor_harness import CHECKPOINT, ExtractorServer, hf_fixtures  # noqa: E402
+from extractor_harness import (CHECKPOINT, ExtractorServer, hf_fixtures,  # noqa: E402
+                               metric_value, wait_for)
 
 from specwire_client import ExtractorClient, ExtractorError  # noqa: E402
+
+
+def settled(server: ExtractorServer) -> bool:
+    """The server has no open stream left, or has exited."""
+    if server.proc.poll() is not None:
+        return True
+    try:
+        return metric_value(server.metrics(), "specwire_extractor_active_streams") == 0
+    except OSError:  # the metrics endpoint went away with the process
+        return server.proc.poll() is not None
 
 
 def main() -> int:
@@ -33,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="specwire-stress-"))
     model = args.model or hf_fixtures.make_checkpoint(CHECKPOINT, tmp)
-    server = ExtractorServer(model, tmp, metrics=False, args=tuple(args.server_arg)).start()
+    server = ExtractorServer(model, tmp, args=tuple(args.server_arg)).start()
     print(f"server pid {server.pid} on {server.address}, log {server.log_path}")
     t0 = time.monotonic()
     failure: list[str] = []
@@ -62,7 +73,12 @@ def main() -> int:
             if failure or server.crashed():
                 break
     finally:
-        time.sleep(0.5)
+        # Every client has its answers; the crash check comes once the server has closed every
+        # stream too (or has died).
+        try:
+            wait_for(lambda: settled(server), 30, "the server to close every stream")
+        except AssertionError as e:
+            print(e)
         crashed = server.crashed()
         n = (r + 1) * args.threads * args.requests
         print(f"{r + 1} rounds, ~{n} requests, {time.monotonic() - t0:.1f} s")

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from extractor_harness import make_tokenizer_json, metric_value
+from extractor_harness import make_tokenizer_json, metric_sum, metric_value, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import save_file
 
@@ -149,8 +149,8 @@ def offline(pair) -> list[dict]:
         tokens.write_text(json.dumps([prompt]))
         res = subprocess.run(
             [str(scorer_binary("specwire-replay")), "--drafter", str(pair["drafter"]),
-             "--target", str(pair["target"]), "--tokens-file", str(tokens),
-             "--max-new-tokens", str(MAX_NEW_TOKENS), "--ddtree", ",".join(map(str, DDTREE)),
+             "--target_checkpoint", str(pair["target"]), "--tokens_file", str(tokens),
+             "--max_new_tokens", str(MAX_NEW_TOKENS), "--ddtree", ",".join(map(str, DDTREE)),
              "--dtype", "float32", "--threads", THREADS],
             capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
@@ -373,7 +373,12 @@ def test_text_prompts_and_a_dataset(scorer, pair, tmp_path):
 
 
 def test_cancel_frees_the_scorer(scorer, pair):
-    """A cancelled job stops at the next prompt; the scorer then takes the next job."""
+    """A cancelled job stops at the next prompt, before its end; the scorer then takes the next
+    job."""
+    def scored() -> float:
+        return metric_sum(scorer.metrics(), "specwire_scorer_prompts_scored_total")
+
+    before = scored()
     long = score_request(pair, max_new_tokens=400)
     call = scorer.stub().Score(long, timeout=120)
     first = next(call)
@@ -382,16 +387,20 @@ def test_cancel_frees_the_scorer(scorer, pair):
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.CANCELLED
-    t0 = time.monotonic()
+
+    # The job leaves the worker (nothing running, nothing queued) and its call is counted
+    # CANCELLED before the next job is sent; it did not score all its prompts.
+    def freed() -> bool:
+        m = scorer.metrics()
+        return (metric_value(m, "specwire_scorer_jobs_running") == 0
+                and metric_value(m, "specwire_scorer_queue_depth") == 0
+                and metric_value(m, "specwire_scorer_requests_total", method="Score",
+                                 code="CANCELLED") >= 1)
+
+    wait_for(freed, 30, "the cancelled job to leave the scorer's worker")
+    assert scored() - before < len(pair["prompts"])
     short = run_score(scorer, score_request(pair, max_new_tokens=4))
     assert short[-1].HasField("summary")
-    assert time.monotonic() - t0 < 30
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if metric_value(scorer.metrics(), "specwire_scorer_requests_total", method="Score",
-                        code="CANCELLED") >= 1:
-            break
-        time.sleep(0.05)
     assert metric_value(scorer.metrics(), "specwire_scorer_requests_total", method="Score",
                         code="CANCELLED") >= 1
     assert scorer.alive()

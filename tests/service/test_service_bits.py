@@ -17,7 +17,7 @@ from specwire_client import ExtractorClient
 LAYERS = [0, 1, 2]
 SEQUENCES = random_sequences([5, 17, 33, 9, 24], seed=1)
 
-# (server compute dtype, wire dtype asked of the server, CLI --out-dtype, expected torch dtype)
+# (server compute dtype, wire dtype asked of the server, CLI --out_dtype, expected torch dtype)
 CASES = [
     ("float32", "fp32", "float32", torch.float32),
     ("float32", "bf16", "bfloat16", torch.bfloat16),

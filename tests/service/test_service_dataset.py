@@ -3,11 +3,10 @@ same requests sent directly; DataLoader workers; a server killed and restarted m
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
-from extractor_harness import random_sequences
+from extractor_harness import random_sequences, wait_for
 
 from specwire_client import (ContractExpectation, ContractMismatch, ExtractorClient,
                              FeatureDataset)
@@ -85,18 +84,18 @@ def test_dataset_survives_a_server_kill_and_restart(server_factory, checkpoint):
     restarted = threading.Event()
 
     def restart() -> None:
-        time.sleep(0.8)  # several retries fail while the port is closed
+        # Restarted once the dataset has seen the port closed: the request cut by the kill
+        # and at least one retry have failed.
+        wait_for(lambda: ds.retries >= 2, 60, "the dataset's retries to fail on the closed port")
         server.start()
         restarted.set()
 
     for item in ds:
         items.append(item)
         if len(items) == 7:
+            # The prefetched batch can still be delivered; what follows needs the new server.
             server.kill()
             threading.Thread(target=restart, daemon=True).start()
-        if len(items) == 8:
-            # The prefetched batch can still be delivered; what follows needs the new server.
-            time.sleep(0.1)
     assert restarted.is_set() and server.starts == 2
     assert ds.retries >= 2
     assert_items(items, seqs, ref)

@@ -40,7 +40,7 @@ def expect_error(fn, code: grpc.StatusCode, *substrings: str) -> ExtractorError:
 def limits_server(server_factory, checkpoint):
     return server_factory(checkpoint, metrics=False, args=(
         "--max_sequences_per_request=4", "--max_tokens_per_sequence=16",
-        "--max_tokens_per_request=40", "--max_new_tokens=8"))
+        "--max_tokens_per_request=40", "--max_new_tokens_limit=8"))
 
 
 @pytest.fixture(scope="module")

@@ -460,16 +460,18 @@ def test_push_mode_returns_the_watch_numbers(setup):
 
 
 def test_cli_watch_scores_in_process_and_resumes(setup, tmp_path):
-    """specwire-score --watch: the same evaluation without a service, stopping after N scans."""
+    """specwire-score --watch_dir: the same evaluation without a service, stopping after N
+    scans."""
     staged, root = setup["staged"], setup["root"]
     step = sorted(staged)[1]
     watch = tmp_path / "cli-run"
     shutil.copytree(staged[step], watch / f"checkpoint-{step}")
     db = tmp_path / "cli.sqlite"
     exe = build_dir() / "services" / "scorer" / "specwire-score"
-    cmd = [str(exe), f"--watch={watch}", f"--extractor={setup['extractor'].address}",
+    # The service's eval flags, spelled the same (services/scorer/eval_flags.h).
+    cmd = [str(exe), f"--watch_dir={watch}", f"--extractor={setup['extractor'].address}",
            f"--eval_sets=chat={root / 'sets' / 'chat.jsonl'},{root / 'sets' / 'code.jsonl'}",
-           f"--eval_db={db}", f"--max_new_tokens={MAX_NEW_TOKENS}", "--ddtree=4,8",
+           f"--eval_db={db}", f"--eval_max_new_tokens={MAX_NEW_TOKENS}", "--eval_ddtree=4,8",
            "--watch_poll_seconds=0.1", "--watch_scans=3", "--threads=1",
            f"--cache_dir={root / 'cache'}"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -72,10 +72,8 @@ struct ClientSecurityFiles {
   std::string key_file;
   std::string server_name;
   std::string token_file;
-  // How errors name the flags: prefix + name ("--" + "tls_ca", "--extractor_" + "tls_ca"), with
-  // '_' written as '-' when `dashed` (specwire-cli's style).
+  // How errors name the flags: prefix + name ("--extractor_" + "tls_ca", "--scorer_" + ...).
   std::string flag_prefix = "--";
-  bool dashed = false;
 };
 absl::StatusOr<ClientSecurity> LoadClientSecurity(const ClientSecurityFiles& files);
 

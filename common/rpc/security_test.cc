@@ -1,4 +1,4 @@
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -84,10 +84,11 @@ TEST(LoadClientSecurity, NamesFlagsInTheCallersStyle) {
 
   f = {};
   f.cert_file = "c.pem";
-  f.dashed = true;
+  f.flag_prefix = "--scorer_";
   s = LoadClientSecurity(f);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("--tls-client-cert and --tls-client-key"), std::string::npos);
+  EXPECT_NE(s.status().message().find("--scorer_tls_client_cert and --scorer_tls_client_key"),
+            std::string::npos);
 
   f = {};
   s = LoadClientSecurity(f);

@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/contract.h"
 #include "common/safetensors.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 namespace grpc {
 class ClientContext;
@@ -66,7 +66,7 @@ struct ExtractorClientOptions {
   // that retry (the scorer) want the channel to try again within a second.
   int initial_reconnect_backoff_ms = 100;
   int max_reconnect_backoff_ms = 1000;
-  // TLS / mTLS material and the bearer token (common/security.h; LoadClientSecurity reads them
+  // TLS / mTLS material and the bearer token (common/rpc/security.h; LoadClientSecurity reads them
   // from files and the environment). Default: plaintext, no token.
   ClientSecurity security;
 };

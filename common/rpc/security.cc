@@ -1,4 +1,4 @@
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -215,10 +215,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }
 
 absl::StatusOr<ClientSecurity> LoadClientSecurity(const ClientSecurityFiles& f) {
-  auto flag = [&f](std::string name) {
-    if (f.dashed) std::replace(name.begin(), name.end(), '_', '-');
-    return f.flag_prefix + name;
-  };
+  auto flag = [&f](const std::string& name) { return f.flag_prefix + name; };
   ClientSecurity s;
   s.tls = f.tls || !f.ca_file.empty() || !f.cert_file.empty() || !f.key_file.empty();
   if (f.cert_file.empty() != f.key_file.empty()) {

@@ -1,4 +1,4 @@
-#include "clients/cli/extractor_client.h"
+#include "clients/cpp/extractor_client.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "proto/convert.h"
@@ -28,43 +28,11 @@ absl::Status StreamError(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("stream: ", what));
 }
 
-absl::StatusOr<DType> FromProto(v1::WireDType d) {
-  switch (d) {
-    case v1::WIRE_DTYPE_UNSPECIFIED:
-    case v1::WIRE_DTYPE_BF16:
-      return DType::kBF16;
-    case v1::WIRE_DTYPE_F32:
-      return DType::kF32;
-    case v1::WIRE_DTYPE_F16:
-      return DType::kF16;
-    default:
-      return StreamError(absl::StrCat("unknown dtype ", static_cast<int>(d)));
-  }
-}
-
-StreamTotals FromProto(const v1::StreamTrailer& t) {
-  return {t.request_id(), t.sequences(),     t.tokens(),         t.chunks(),
-          t.bytes(),      t.queue_seconds(), t.compute_seconds()};
-}
-
-void ToProto(const InputSequence& in, v1::SequenceInput* out) {
-  if (in.is_text) {
-    out->set_text(in.text);
-  } else {
-    auto* ids = out->mutable_tokens()->mutable_ids();
-    ids->Reserve(static_cast<int>(in.token_ids.size()));
-    for (int64_t id : in.token_ids) ids->Add(static_cast<int32_t>(id));
-  }
-}
-
-void ToProto(const RequestedStates& s, v1::LayerSelection* out) {
-  for (int32_t id : s.layer_ids) out->add_layer_ids(id);
-  out->set_embedding(s.embedding);
-  out->set_final_norm(s.final_norm);
-}
-
-std::vector<int64_t> Ids(const google::protobuf::RepeatedField<int32_t>& ids) {
-  return std::vector<int64_t>(ids.begin(), ids.end());
+// A header the wire conversion refuses (a value outside the proto's enums) breaks the stream.
+template <class T>
+absl::StatusOr<T> FromStream(absl::StatusOr<T> converted) {
+  if (!converted.ok()) return StreamError(converted.status().message());
+  return converted;
 }
 
 void SetDeadline(const ExtractorClientOptions& o, grpc::ClientContext* ctx) {
@@ -119,7 +87,7 @@ class StateCollector {
         return StreamError(
             absl::StrCat(state.TensorName(), ": chunk after the state was complete"));
       }
-      SW_ASSIGN_OR_RETURN(DType dtype, FromProto(c.dtype()));
+      const DType dtype = state.dtype;
       Pending p{std::move(state), StateAssembler(c.sequence_length(), c.hidden_size(), dtype)};
       it = pending_.emplace(key, std::move(p)).first;
     }
@@ -129,7 +97,7 @@ class StateCollector {
                                       c.sequence_length(), " differs from the state's ",
                                       p.assembler.rows()));
     }
-    SW_ASSIGN_OR_RETURN(DType dtype, FromProto(c.dtype()));
+    SW_ASSIGN_OR_RETURN(DType dtype, FromStream(WireDTypeFromProto(c.dtype())));
     const auto* data = reinterpret_cast<const std::byte*>(c.data().data());
     absl::Status added = p.assembler.Add(c.token_start(), c.token_count(), c.hidden_size(), dtype,
                                          {data, c.data().size()}, c.crc32c());
@@ -168,27 +136,7 @@ class StateCollector {
   };
 
   absl::StatusOr<ReceivedState> StartState(const v1::HiddenStateChunk& c) const {
-    ReceivedState s;
-    s.sequence_index = c.sequence_index();
-    switch (c.state().tap()) {
-      case v1::TAP_LAYER_OUTPUT:
-        s.layer_id = c.state().layer_id();
-        s.state = absl::StrCat("layer.", s.layer_id);
-        break;
-      case v1::TAP_EMBEDDING:
-        s.state = "embedding";
-        break;
-      case v1::TAP_FINAL_NORM:
-        s.state = "final_norm";
-        break;
-      default:
-        return StreamError(
-            absl::StrCat("chunk with unknown tap ", static_cast<int>(c.state().tap())));
-    }
-    s.hf_hidden_states_index = c.hf_hidden_states_index();
-    s.rows = c.sequence_length();
-    s.hidden = c.hidden_size();
-    SW_ASSIGN_OR_RETURN(s.dtype, FromProto(c.dtype()));
+    SW_ASSIGN_OR_RETURN(ReceivedState s, FromStream(ReceivedStateFromChunk(c)));
     // Checked before anything is allocated: a chunk's header decides the state's buffer size.
     if (s.hidden != hidden_size_) {
       return StreamError(absl::StrCat(s.TensorName(), ": hidden_size ", s.hidden,
@@ -233,6 +181,55 @@ absl::Status EndStream(grpc::ClientContext* ctx, grpc::ClientReader<Response>* r
         "ended without a trailer (incomplete: the server failed or the call was cancelled)");
   }
   return absl::OkStatus();
+}
+
+// The one read loop of the Extract and Generate streams. Opens the call (deadline, cancellation:
+// `method` names it in the error of a call cancelled before it started), then checks the stream's
+// shape: the contract first and only once; the call's own message (case `own_case`: Extract's
+// SequenceInfo, Generate's Completion) to `on_own`, which tells the collector how many rows each
+// sequence's states have; every chunk through a StateCollector that hands finished states to
+// `on_state`; the trailer, whose totals must match what arrived, and nothing after it. Fills
+// `contract` and `totals`; any break of this shape is DATA_LOSS (EndStream merges the statuses).
+template <class Response, class Start, class OnOwn>
+absl::Status ReadStateStream(const ExtractorClientOptions& options, CallCancellation* cancel,
+                             const char* method, const Start& start,
+                             typename Response::MessageCase own_case, const OnOwn& on_own,
+                             const ExtractorClient::StateSink& on_state,
+                             ExtractionContract* contract, StreamTotals* totals) {
+  grpc::ClientContext ctx;
+  SetDeadline(options, &ctx);
+  CancelRegistration registration(cancel, &ctx);
+  if (registration.refused()) {
+    return absl::CancelledError(absl::StrCat(method, ": cancelled before it started"));
+  }
+  std::unique_ptr<grpc::ClientReader<Response>> reader = start(&ctx);
+  std::unique_ptr<StateCollector> states;  // created once the contract gives the hidden size
+  bool saw_trailer = false;
+  Response msg;
+  absl::Status ours = [&]() -> absl::Status {
+    while (reader->Read(&msg)) {
+      if (saw_trailer) return StreamError("message after the trailer");
+      if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
+      const typename Response::MessageCase message = msg.message_case();
+      if (message == Response::kContract) {
+        if (states) return StreamError("second contract");
+        *contract = ContractFromProto(msg.contract());
+        states = std::make_unique<StateCollector>(on_state, contract->hidden_size);
+      } else if (message == own_case) {
+        SW_RETURN_IF_ERROR(on_own(msg, *states));
+      } else if (message == Response::kChunk) {
+        SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
+      } else if (message == Response::kTrailer) {
+        *totals = StreamTotalsFromProto(msg.trailer());
+        SW_RETURN_IF_ERROR(states->Finish(*totals));
+        saw_trailer = true;
+      } else {
+        return StreamError("empty message");
+      }
+    }
+    return absl::OkStatus();
+  }();
+  return EndStream(&ctx, reader.get(), ours, saw_trailer);
 }
 
 }  // namespace
@@ -306,125 +303,53 @@ absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& param
 absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& params,
                                                       const StateSink& on_state) {
   v1::ExtractRequest req;
-  for (const auto& in : params.sequences) ToProto(in, req.add_sequences());
-  ToProto(params.states, req.mutable_layers());
-  req.set_dtype(WireDTypeToProto(params.dtype));
-  req.set_max_chunk_bytes(params.max_chunk_bytes);
-  req.set_request_id(params.request_id);
-  req.set_add_special_tokens(params.add_special_tokens);
-
-  grpc::ClientContext ctx;
-  SetDeadline(options_, &ctx);
-  CancelRegistration registration(params.cancel, &ctx);
-  if (registration.refused()) return absl::CancelledError("Extract: cancelled before it started");
-  std::unique_ptr<grpc::ClientReader<v1::ExtractResponse>> reader = rpc_->stub->Extract(&ctx, req);
+  ExtractRequestToProto(params, &req);
   ExtractReply reply;
   reply.token_ids.resize(params.sequences.size());
-  std::unique_ptr<StateCollector> states;  // created once the contract gives the hidden size
-  bool saw_trailer = false;
-  v1::ExtractResponse msg;
-  absl::Status ours = [&]() -> absl::Status {
-    while (reader->Read(&msg)) {
-      if (saw_trailer) return StreamError("message after the trailer");
-      if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
-      switch (msg.message_case()) {
-        case v1::ExtractResponse::kContract:
-          if (states) return StreamError("second contract");
-          reply.contract = ContractFromProto(msg.contract());
-          states = std::make_unique<StateCollector>(on_state, reply.contract.hidden_size);
-          break;
-        case v1::ExtractResponse::kSequence: {
-          const uint32_t i = msg.sequence().sequence_index();
-          if (i >= reply.token_ids.size()) {
-            return StreamError(absl::StrCat("sequence_index ", i, " but ", reply.token_ids.size(),
-                                            " sequences were sent"));
-          }
-          reply.token_ids[i] = Ids(msg.sequence().token_ids());
-          states->ExpectRows(i, static_cast<int64_t>(reply.token_ids[i].size()));
-          break;
-        }
-        case v1::ExtractResponse::kChunk:
-          SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
-          break;
-        case v1::ExtractResponse::kTrailer:
-          reply.totals = FromProto(msg.trailer());
-          SW_RETURN_IF_ERROR(states->Finish(reply.totals));
-          saw_trailer = true;
-          break;
-        default:
-          return StreamError("empty message");
-      }
+  // A SequenceInfo: the token ids the server saw, and so the rows of that sequence's states.
+  auto on_sequence = [&](const v1::ExtractResponse& msg, StateCollector& states) -> absl::Status {
+    const uint32_t i = msg.sequence().sequence_index();
+    if (i >= reply.token_ids.size()) {
+      return StreamError(absl::StrCat("sequence_index ", i, " but ", reply.token_ids.size(),
+                                      " sequences were sent"));
     }
+    reply.token_ids[i] = TokenIdsFromProto(msg.sequence().token_ids());
+    states.ExpectRows(i, static_cast<int64_t>(reply.token_ids[i].size()));
     return absl::OkStatus();
-  }();
-  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, saw_trailer));
+  };
+  SW_RETURN_IF_ERROR(ReadStateStream<v1::ExtractResponse>(
+      options_, params.cancel, "Extract",
+      [&](grpc::ClientContext* ctx) { return rpc_->stub->Extract(ctx, req); },
+      v1::ExtractResponse::kSequence, on_sequence, on_state, &reply.contract, &reply.totals));
   return reply;
 }
 
 absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& params) {
   v1::GenerateRequest req;
-  for (const auto& in : params.prompts) ToProto(in, req.add_prompts());
-  req.set_max_new_tokens(params.max_new_tokens);
-  for (int64_t id : params.stop_token_ids) req.add_stop_token_ids(static_cast<int32_t>(id));
-  req.set_ignore_model_eos(params.ignore_model_eos);
-  ToProto(params.states, req.mutable_layers());
-  req.set_dtype(WireDTypeToProto(params.dtype));
-  req.set_max_chunk_bytes(params.max_chunk_bytes);
-  req.set_request_id(params.request_id);
-  req.set_add_special_tokens(params.add_special_tokens);
-
-  grpc::ClientContext ctx;
-  SetDeadline(options_, &ctx);
-  CancelRegistration registration(params.cancel, &ctx);
-  if (registration.refused()) return absl::CancelledError("Generate: cancelled before it started");
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      rpc_->stub->Generate(&ctx, req);
+  GenerateRequestToProto(params, &req);
   GenerateReply reply;
   const StateSink keep = [&](ReceivedState&& s) {
     reply.states.push_back(std::move(s));
     return absl::OkStatus();
   };
-  std::unique_ptr<StateCollector> states;
-  bool saw_trailer = false;
-  v1::GenerateResponse msg;
-  absl::Status ours = [&]() -> absl::Status {
-    while (reader->Read(&msg)) {
-      if (saw_trailer) return StreamError("message after the trailer");
-      if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
-      switch (msg.message_case()) {
-        case v1::GenerateResponse::kContract:
-          if (states) return StreamError("second contract");
-          reply.contract = ContractFromProto(msg.contract());
-          states = std::make_unique<StateCollector>(keep, reply.contract.hidden_size);
-          break;
-        case v1::GenerateResponse::kCompletion: {
-          const v1::Completion& c = msg.completion();
-          if (c.sequence_index() >= params.prompts.size()) {
-            return StreamError(absl::StrCat("completion for prompt ", c.sequence_index(), " but ",
-                                            params.prompts.size(), " prompts were sent"));
-          }
-          ReceivedCompletion r{c.sequence_index(), Ids(c.prompt_token_ids()),
-                               Ids(c.completion_token_ids()), c.finish_reason()};
-          states->ExpectRows(r.sequence_index, static_cast<int64_t>(r.prompt_token_ids.size() +
-                                                                    r.completion_token_ids.size()));
-          reply.completions.push_back(std::move(r));
-          break;
-        }
-        case v1::GenerateResponse::kChunk:
-          SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
-          break;
-        case v1::GenerateResponse::kTrailer:
-          reply.totals = FromProto(msg.trailer());
-          SW_RETURN_IF_ERROR(states->Finish(reply.totals));
-          saw_trailer = true;
-          break;
-        default:
-          return StreamError("empty message");
-      }
+  // A Completion: its states cover prompt + completion.
+  auto on_completion = [&](const v1::GenerateResponse& msg,
+                           StateCollector& states) -> absl::Status {
+    const v1::Completion& c = msg.completion();
+    if (c.sequence_index() >= params.prompts.size()) {
+      return StreamError(absl::StrCat("completion for prompt ", c.sequence_index(), " but ",
+                                      params.prompts.size(), " prompts were sent"));
     }
+    ReceivedCompletion r = CompletionFromProto(c);
+    states.ExpectRows(r.sequence_index, static_cast<int64_t>(r.prompt_token_ids.size() +
+                                                             r.completion_token_ids.size()));
+    reply.completions.push_back(std::move(r));
     return absl::OkStatus();
-  }();
-  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, saw_trailer));
+  };
+  SW_RETURN_IF_ERROR(ReadStateStream<v1::GenerateResponse>(
+      options_, params.cancel, "Generate",
+      [&](grpc::ClientContext* ctx) { return rpc_->stub->Generate(ctx, req); },
+      v1::GenerateResponse::kCompletion, on_completion, keep, &reply.contract, &reply.totals));
   if (reply.completions.size() != params.prompts.size()) {
     return StreamError(absl::StrCat(reply.completions.size(), " completions for ",
                                     params.prompts.size(), " prompts"));
@@ -443,17 +368,14 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorClient::Tokenize(
   grpc::Status s = rpc_->stub->Tokenize(&ctx, req, &reply);
   if (!s.ok()) return FromGrpcStatus(s);
   std::vector<std::vector<int64_t>> out;
-  for (const auto& seq : reply.sequences()) out.push_back(Ids(seq.ids()));
+  for (const auto& seq : reply.sequences()) out.push_back(TokenIdsFromProto(seq.ids()));
   return out;
 }
 
 absl::StatusOr<std::vector<std::string>> ExtractorClient::Detokenize(
     const std::vector<std::vector<int64_t>>& sequences, bool skip_special_tokens) {
   v1::DetokenizeRequest req;
-  for (const auto& seq : sequences) {
-    auto* ids = req.add_sequences()->mutable_ids();
-    for (int64_t id : seq) ids->Add(static_cast<int32_t>(id));
-  }
+  for (const auto& seq : sequences) TokenIdsToProto(seq, req.add_sequences()->mutable_ids());
   req.set_skip_special_tokens(skip_special_tokens);
   grpc::ClientContext ctx;
   SetDeadline(options_, &ctx);
@@ -502,10 +424,7 @@ absl::StatusOr<std::map<std::string, ReceivedTensor>> ExtractorClient::GetTensor
         if (c.offset() != 0) {
           return StreamError(absl::StrCat(c.name(), ": first chunk at offset ", c.offset()));
         }
-        current.name = c.name();
-        current.shape.assign(c.shape().begin(), c.shape().end());
-        SW_ASSIGN_OR_RETURN(current.dtype, FromProto(c.dtype()));
-        current.digest = c.digest();
+        SW_ASSIGN_OR_RETURN(current, FromStream(ReceivedTensorFromChunk(c)));
         total_bytes = c.total_bytes();
         uint64_t expected = DTypeSize(current.dtype);
         for (int64_t d : current.shape) expected *= static_cast<uint64_t>(d);

@@ -1,4 +1,4 @@
-#include "clients/cli/health_check.h"
+#include "clients/cpp/health_check.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/security.h"
+#include "common/rpc/security.h"
 
 namespace specwire {
 

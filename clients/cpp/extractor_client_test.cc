@@ -1,7 +1,7 @@
 // ExtractorClient against in-process servers on loopback: a scripted service that sends exactly
 // the messages a test lists (to break the stream on purpose), and the real ExtractorService over a
 // fake backend (to check the whole path end to end).
-#include "clients/cli/extractor_client.h"
+#include "clients/cpp/extractor_client.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>

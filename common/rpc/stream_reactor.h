@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 
 namespace specwire {
 

@@ -1,0 +1,32 @@
+#include "common/command_line.h"
+
+#include <filesystem>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace specwire {
+
+std::vector<std::string> ParseCommandLineFlags(int argc, char** argv, absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  // absl's default lists only the flags of files named like the program; specwire's flags live
+  // in the main and in the shared modules, so --help shows every flag that is not absl's own
+  // (--flagfile, --fromenv, ...: those stay under --helpfull).
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/flags/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  const std::string program =
+      argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "specwire";
+  config.version_string = [program] { return absl::StrCat(program, " ", SPECWIRE_VERSION, "\n"); };
+  absl::SetFlagsUsageConfig(config);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  return std::vector<std::string>(positional.begin() + (positional.empty() ? 0 : 1),
+                                  positional.end());
+}
+
+}  // namespace specwire

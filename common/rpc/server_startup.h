@@ -1,0 +1,73 @@
+// The start-up and shutdown every specwire server shares, as the steps its main takes in order:
+//   1. ServerOptionsFromFlags (server_flags.h) and MakeServerCredentials (security.h) before any
+//      slow work, so a wrong certificate or token path fails at once;
+//   2. the main loads what it serves and builds its services;
+//   3. RunningServer::Start: the Prometheus exporter on its own plain-HTTP address, then the gRPC
+//      server with the services, grpc.health.v1 (SERVING) and reflection;
+//   4. WaitForStopSignal: until SIGTERM or SIGINT;
+//   5. BeginDrain (health NOT_SERVING, so load balancers and probes stop sending), the main
+//      drains its own work (scheduler, job queue), then Stop.
+// No gRPC or Prometheus header here: the types are only forward-declared.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class Server;
+class ServerCredentials;
+class Service;
+}  // namespace grpc
+namespace prometheus {
+class Collectable;
+class Exposer;
+}  // namespace prometheus
+
+namespace specwire {
+
+struct ServerStartOptions {
+  std::string listen;          // gRPC host:port (port 0 picks one): the main's --listen
+  std::string metrics_listen;  // Prometheus host:port, "" : no exporter (--metrics_listen)
+  std::shared_ptr<grpc::ServerCredentials> credentials;           // MakeServerCredentials
+  std::vector<grpc::Service*> services;                           // not owned; outlive the server
+  std::vector<std::shared_ptr<prometheus::Collectable>> metrics;  // what the exporter serves
+  // Marked SERVING (with the server as a whole, "") once listening, e.g. "specwire.v1.Extractor".
+  std::string health_service;
+  int max_receive_message_bytes = 4 << 20;  // gRPC's default
+  int max_send_message_bytes = -1;          // -1: gRPC's default (no limit)
+};
+
+class RunningServer {
+ public:
+  // Steps 3 of the file comment. Errors name the address that could not be bound.
+  static absl::StatusOr<std::unique_ptr<RunningServer>> Start(ServerStartOptions options);
+  ~RunningServer();  // Stop(now) if not stopped
+  RunningServer(const RunningServer&) = delete;
+  RunningServer& operator=(const RunningServer&) = delete;
+
+  int port() const { return port_; }
+  // "port 50051, metrics on 127.0.0.1:9464" (or without the metrics part): for start-up logs.
+  std::string Describe() const;
+  // Health NOT_SERVING for the server and every service; calls are still served.
+  void BeginDrain();
+  // grpc::Server::Shutdown: no new calls; calls in flight get until `deadline`, then are
+  // cancelled. Returns when every call has ended.
+  void Stop(std::chrono::system_clock::time_point deadline);
+
+ private:
+  RunningServer() = default;
+  ServerStartOptions options_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // before server_: destroyed after it
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+// Blocks until the process gets SIGTERM or SIGINT (handlers installed by the first call).
+void WaitForStopSignal();
+
+}  // namespace specwire

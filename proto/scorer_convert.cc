@@ -1,0 +1,135 @@
+#include "proto/scorer_convert.h"
+
+#include "proto/convert.h"
+
+namespace specwire {
+
+void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out) {
+  out->set_prompt_index(static_cast<uint32_t>(s.prompt_index));
+  out->set_prompt_tokens(static_cast<uint32_t>(s.acceptance.prompt_tokens));
+  out->set_completion_tokens(static_cast<uint32_t>(s.acceptance.completion_tokens));
+  for (int32_t v : s.acceptance.step_lengths) out->add_step_lengths(static_cast<uint32_t>(v));
+  out->set_tau(s.tau);
+  for (const auto& [budget, lengths] : s.acceptance.ddtree_step_lengths) {
+    auto& l = (*out->mutable_ddtree_step_lengths())[static_cast<uint32_t>(budget)];
+    for (int32_t v : lengths) l.add_lengths(static_cast<uint32_t>(v));
+  }
+  out->set_finish_reason(s.finish_reason);
+}
+
+PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
+  PromptScore s;
+  s.prompt_index = p.prompt_index();
+  s.acceptance.prompt_tokens = p.prompt_tokens();
+  s.acceptance.completion_tokens = p.completion_tokens();
+  s.acceptance.step_lengths.assign(p.step_lengths().begin(), p.step_lengths().end());
+  for (const auto& [budget, lengths] : p.ddtree_step_lengths()) {
+    s.acceptance.ddtree_step_lengths[static_cast<int32_t>(budget)].assign(lengths.lengths().begin(),
+                                                                          lengths.lengths().end());
+  }
+  s.tau = p.tau();
+  s.finish_reason = p.finish_reason();
+  return s;
+}
+
+void ProgressToProto(const ScoreProgress& p, v1::Progress* out) {
+  out->set_prompts_done(static_cast<uint32_t>(p.done));
+  out->set_prompts_total(static_cast<uint32_t>(p.total));
+  out->set_steps(static_cast<uint64_t>(p.steps));
+  out->set_tau_so_far(p.tau_so_far);
+}
+
+void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
+  out->set_block_size(static_cast<uint32_t>(s.block_size));
+  out->set_responses(static_cast<uint64_t>(s.responses));
+  out->set_steps(static_cast<uint64_t>(s.steps));
+  out->set_tau_mean_of_means(s.tau_mean_of_means);
+  out->set_tau_pooled(s.tau_pooled);
+  for (int64_t v : s.histogram) out->add_histogram(static_cast<uint64_t>(v));
+  for (double v : s.per_position_acceptance) out->add_per_position_acceptance(v);
+  out->set_num_drafts(static_cast<uint64_t>(s.num_drafts));
+  out->set_num_draft_tokens(static_cast<uint64_t>(s.num_draft_tokens));
+  out->set_num_accepted_tokens(static_cast<uint64_t>(s.num_accepted_tokens));
+  for (int64_t v : s.num_accepted_tokens_per_pos)
+    out->add_num_accepted_tokens_per_pos(static_cast<uint64_t>(v));
+  out->set_acceptance_rate(s.acceptance_rate);
+  for (const auto& [budget, tau] : s.ddtree_tau) {
+    (*out->mutable_ddtree_tau())[static_cast<uint32_t>(budget)] = tau.first;
+    (*out->mutable_ddtree_tau_pooled())[static_cast<uint32_t>(budget)] = tau.second;
+  }
+}
+
+AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
+  AcceptanceSummary s;
+  s.block_size = static_cast<int32_t>(p.block_size());
+  s.responses = static_cast<int64_t>(p.responses());
+  s.steps = static_cast<int64_t>(p.steps());
+  s.tau_mean_of_means = p.tau_mean_of_means();
+  s.tau_pooled = p.tau_pooled();
+  s.histogram.assign(p.histogram().begin(), p.histogram().end());
+  s.per_position_acceptance.assign(p.per_position_acceptance().begin(),
+                                   p.per_position_acceptance().end());
+  s.num_drafts = static_cast<int64_t>(p.num_drafts());
+  s.num_draft_tokens = static_cast<int64_t>(p.num_draft_tokens());
+  s.num_accepted_tokens = static_cast<int64_t>(p.num_accepted_tokens());
+  s.num_accepted_tokens_per_pos.assign(p.num_accepted_tokens_per_pos().begin(),
+                                       p.num_accepted_tokens_per_pos().end());
+  s.acceptance_rate = p.acceptance_rate();
+  for (const auto& [budget, tau] : p.ddtree_tau()) {
+    auto pooled = p.ddtree_tau_pooled().find(budget);
+    s.ddtree_tau[static_cast<int32_t>(budget)] = {
+        tau, pooled == p.ddtree_tau_pooled().end() ? 0.0 : pooled->second};
+  }
+  return s;
+}
+
+ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
+  ScoreSpec s;
+  s.drafter_path = r.drafter_path();
+  for (const auto& p : r.prompts()) {
+    if (p.input_case() == v1::PromptInput::kText) {
+      s.prompts.push_back(InputSequence::Text(p.text()));
+    } else {
+      s.prompts.push_back(InputSequence::Tokens(
+          std::vector<int64_t>(p.tokens().ids().begin(), p.tokens().ids().end())));
+    }
+  }
+  s.dataset_path = r.dataset_path();
+  s.max_new_tokens = r.max_new_tokens() == 0 ? 256 : r.max_new_tokens();
+  if (r.ddtree_budgets_size() > 0) {
+    s.ddtree_budgets.clear();
+    for (uint32_t b : r.ddtree_budgets()) {
+      s.ddtree_budgets.push_back(static_cast<int32_t>(std::min<uint32_t>(b, INT32_MAX)));
+    }
+  }
+  s.labels.drafter = r.drafter_label();
+  s.labels.dataset = r.dataset_label();
+  s.labels.method = r.method_label();
+  s.add_special_tokens = r.add_special_tokens();
+  s.max_prompts = r.max_prompts();
+  s.job_id = r.job_id();
+  return s;
+}
+
+void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
+  out->set_drafter_path(s.drafter_path);
+  for (const InputSequence& p : s.prompts) {
+    auto* in = out->add_prompts();
+    if (p.is_text) {
+      in->set_text(p.text);
+    } else {
+      for (int64_t id : p.token_ids) in->mutable_tokens()->add_ids(static_cast<int32_t>(id));
+    }
+  }
+  out->set_dataset_path(s.dataset_path);
+  out->set_max_new_tokens(static_cast<uint32_t>(s.max_new_tokens));
+  for (int32_t b : s.ddtree_budgets) out->add_ddtree_budgets(static_cast<uint32_t>(b));
+  out->set_drafter_label(s.labels.drafter);
+  out->set_dataset_label(s.labels.dataset);
+  out->set_method_label(s.labels.method);
+  out->set_add_special_tokens(s.add_special_tokens);
+  out->set_max_prompts(static_cast<uint32_t>(s.max_prompts));
+  out->set_job_id(s.job_id);
+}
+
+}  // namespace specwire

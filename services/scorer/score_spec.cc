@@ -1,0 +1,210 @@
+#include "services/scorer/score_spec.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "services/scorer/extractor_pool.h"
+
+namespace specwire {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+double MeanStepLength(const std::vector<int32_t>& lengths) {
+  if (lengths.empty()) return 0;
+  int64_t sum = 0;
+  for (int32_t v : lengths) sum += v;
+  return static_cast<double>(sum) / static_cast<double>(lengths.size());
+}
+
+absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
+  if (spec.drafter_path.empty()) return absl::InvalidArgumentError("drafter_path: empty");
+  if (spec.prompts.empty() && spec.dataset_path.empty()) {
+    return absl::InvalidArgumentError("prompts: none given (give prompts or dataset_path)");
+  }
+  if (!spec.prompts.empty() && !spec.dataset_path.empty()) {
+    return absl::InvalidArgumentError("give either prompts or dataset_path, not both");
+  }
+  if (spec.max_prompts < 0) return absl::InvalidArgumentError("max_prompts: negative");
+  if (spec.job_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: ", spec.job_id.size(), " characters, at most 128"));
+  }
+  for (char c : spec.job_id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job_id: \"", spec.job_id, "\" may hold only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  if (!spec.job_id.empty() && spec.job_id.find_first_not_of('.') == std::string::npos) {
+    return absl::InvalidArgumentError("job_id: \".\" and \"..\" are not ids");
+  }
+  if (static_cast<int64_t>(spec.prompts.size()) > o.max_prompts) {
+    return absl::InvalidArgumentError(absl::StrCat("prompts: ", spec.prompts.size(),
+                                                   " exceed the limit of ", o.max_prompts,
+                                                   " (--max_prompts_per_job)"));
+  }
+  if (spec.max_new_tokens < 1 || spec.max_new_tokens > o.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", spec.max_new_tokens,
+                                                   " is outside [1, ", o.max_new_tokens,
+                                                   "] (--max_new_tokens_limit)"));
+  }
+  if (static_cast<int64_t>(spec.ddtree_budgets.size()) > o.max_ddtree_budgets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddtree_budgets: ", spec.ddtree_budgets.size(), " budgets exceed the limit of ",
+        o.max_ddtree_budgets, " (--max_ddtree_budgets)"));
+  }
+  for (size_t i = 0; i < spec.ddtree_budgets.size(); ++i) {
+    const int64_t b = spec.ddtree_budgets[i];
+    if (b < 1 || b > o.max_ddtree_budget) {
+      return absl::InvalidArgumentError(absl::StrCat("ddtree_budgets[", i, "]: ", b,
+                                                     " is outside [1, ", o.max_ddtree_budget,
+                                                     "] (--max_ddtree_budget)"));
+    }
+  }
+  if (!o.data_root.empty()) {
+    std::error_code ec;
+    const fs::path root = fs::weakly_canonical(o.data_root, ec);
+    for (const auto& [field, path] :
+         {std::pair<const char*, const std::string&>{"drafter_path", spec.drafter_path},
+          {"dataset_path", spec.dataset_path}}) {
+      if (path.empty()) continue;
+      const fs::path p = fs::weakly_canonical(path, ec);
+      const auto rel = p.lexically_relative(root);
+      if (ec || rel.empty() || *rel.begin() == "..") {
+        return absl::PermissionDeniedError(
+            absl::StrCat(field, ": ", path, " is outside --data_root ", o.data_root));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+ScoreLabels ResolveLabels(const ScoreSpec& spec) {
+  ScoreLabels l = spec.labels;
+  if (l.drafter.empty()) {
+    const fs::path p = fs::path(spec.drafter_path).lexically_normal();
+    l.drafter = p.filename().string();
+    if (l.drafter.empty()) l.drafter = p.parent_path().filename().string();  // "dir/"
+  }
+  if (l.dataset.empty()) {
+    l.dataset = spec.dataset_path.empty() ? "inline" : fs::path(spec.dataset_path).stem().string();
+  }
+  if (l.method.empty()) l.method = "dflash";
+  return l;
+}
+absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
+                                                             int64_t max_prompts) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("dataset ", path, ": cannot open"));
+  std::vector<InputSequence> out;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts) break;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    const std::string where = absl::StrCat("dataset ", path, " line ", line_no);
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    }
+    if (j.contains("input_ids")) {
+      const json& ids = j.at("input_ids");
+      if (!ids.is_array()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": input_ids must be a list"));
+      }
+      std::vector<int64_t> v;
+      for (const json& x : ids) {
+        if (!x.is_number_integer()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": input_ids must hold integers, got ", x.dump()));
+        }
+        v.push_back(x.get<int64_t>());
+      }
+      out.push_back(InputSequence::Tokens(std::move(v)));
+    } else if (j.contains("prompt")) {
+      if (!j.at("prompt").is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": prompt must be a string"));
+      }
+      out.push_back(InputSequence::Text(j.at("prompt").get<std::string>()));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected {\"prompt\": str} or {\"input_ids\": [int, ...]}"));
+    }
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("dataset ", path, ": read error"));
+  return out;
+}
+absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
+    const ScoreSpec& spec, const ScoreLimits& limits, ExtractorEndpoint* tokenizer,
+    const ExtractionContract& contract) {
+  std::vector<InputSequence> inputs;
+  std::string field = "prompts";
+  if (!spec.dataset_path.empty()) {
+    // Reading stops one prompt past the limit: a huge file is refused without being held.
+    const int64_t read_at_most = spec.max_prompts > 0 ? spec.max_prompts : limits.max_prompts + 1;
+    SW_ASSIGN_OR_RETURN(inputs, ReadPromptDataset(spec.dataset_path, read_at_most));
+    field = absl::StrCat("dataset ", spec.dataset_path, " prompt");
+    if (static_cast<int64_t>(inputs.size()) > limits.max_prompts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset ", spec.dataset_path, ": more than ", limits.max_prompts,
+                       " prompts, the limit (--max_prompts_per_job; or set max_prompts)"));
+    }
+  } else {
+    inputs = spec.prompts;
+    if (spec.max_prompts > 0 && static_cast<int64_t>(inputs.size()) > spec.max_prompts) {
+      inputs.resize(spec.max_prompts);
+    }
+  }
+  if (inputs.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": no prompt"));
+  std::vector<std::vector<int64_t>> out(inputs.size());
+  // Text prompts are tokenized by the extractor (the target's own tokenizer), in batches.
+  std::vector<size_t> text_index;
+  std::vector<std::string> texts;
+  auto flush = [&]() -> absl::Status {
+    if (texts.empty()) return absl::OkStatus();
+    auto ids = tokenizer->Tokenize(texts, spec.add_special_tokens);
+    if (!ids.ok()) {
+      return Annotate(ids.status(),
+                      absl::StrCat(field, "[", text_index.front(), "].text (Tokenize on ",
+                                   tokenizer->address(), ")"));
+    }
+    if (ids->size() != texts.size()) {
+      return absl::DataLossError(absl::StrCat("Tokenize returned ", ids->size(), " sequences for ",
+                                              texts.size(), " texts"));
+    }
+    for (size_t k = 0; k < texts.size(); ++k) out[text_index[k]] = std::move((*ids)[k]);
+    texts.clear();
+    text_index.clear();
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].is_text) {
+      text_index.push_back(i);
+      texts.push_back(inputs[i].text);
+      if (texts.size() == 64) {
+        SW_RETURN_IF_ERROR(flush());
+      }
+    } else {
+      out[i] = inputs[i].token_ids;
+    }
+  }
+  SW_RETURN_IF_ERROR(flush());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].empty()) return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: empty"));
+    for (size_t j = 0; j < out[i].size(); ++j) {
+      if (out[i][j] < 0 || out[i][j] >= contract.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] token ", j, " = ",
+                                                       out[i][j], " is outside the vocabulary [0, ",
+                                                       contract.vocab_size, ")"));
+      }
+    }
+  }
+  return out;
+}
+}  // namespace specwire

@@ -1,0 +1,87 @@
+// A scoring job as plain values (from a ScoreRequest or the CLI's flags), the limits a scorer
+// puts on it, and its prompts: validation (ValidateSpec), the JSONL dataset reader and the
+// prompts as token ids (ResolvePrompts: text through the extractor's tokenizer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "clients/cpp/extractor_client.h"
+#include "common/contract.h"
+#include "services/scorer/acceptance.h"
+
+namespace specwire {
+
+class ExtractorEndpoint;
+
+// Metric labels of a job (see ResolveLabels for the defaults).
+struct ScoreLabels {
+  std::string drafter;
+  std::string dataset;
+  std::string method;
+  bool operator==(const ScoreLabels&) const = default;
+};
+
+// A job as plain values (from a ScoreRequest, or the CLI's flags).
+struct ScoreSpec {
+  std::string drafter_path;            // drafter directory on the scorer host
+  std::vector<InputSequence> prompts;  // token ids or text
+  std::string dataset_path;            // or a JSONL file: {"prompt": str} | {"input_ids": [int]}
+  int64_t max_prompts = 0;             // 0: all
+  int64_t max_new_tokens = 256;
+  std::vector<int32_t> ddtree_budgets = {8};
+  ScoreLabels labels;
+  bool add_special_tokens = false;  // for text prompts
+  // Names the job for resumption (ScoreRequest.job_id): with a results journal, a job
+  // submitted again under the same id and spec skips the prompts it completed before. "": none.
+  // At most 128 characters of [A-Za-z0-9._-].
+  std::string job_id;
+};
+
+// The labels with defaults filled: the drafter directory's name, the dataset file's stem or
+// "inline", "dflash".
+ScoreLabels ResolveLabels(const ScoreSpec& spec);
+
+// What a scorer accepts (INVALID_ARGUMENT beyond it, naming the flag).
+struct ScoreLimits {
+  int64_t max_prompts = 100000;
+  int64_t max_new_tokens = 4096;
+  int64_t max_ddtree_budget = 4096;
+  int64_t max_ddtree_budgets = 16;
+  // Paths in a spec (drafter, dataset) must lie under this directory ("" : anywhere).
+  std::string data_root;
+};
+
+// Checks a spec against the limits (cheap; before a job is queued).
+absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& limits);
+
+// One prompt's replay.
+struct PromptScore {
+  int64_t prompt_index = 0;
+  ResponseAcceptance acceptance;  // step lengths (a + 1), DDTree-N step lengths, token counts
+  std::string finish_reason;      // "stop_token" | "max_new_tokens"
+  double tau = 0;                 // mean of the step lengths (0 without steps)
+  // Read back from the results journal (scored by an earlier run of the job): reported again,
+  // but not counted again in metrics.
+  bool resumed = false;
+};
+
+// τ of one list of step lengths (0 for none).
+double MeanStepLength(const std::vector<int32_t>& lengths);
+
+// A JSONL prompt file: one object per line, {"prompt": str} or {"input_ids": [int, ...]}; blank
+// lines are skipped. At most max_prompts (0: all). INVALID_ARGUMENT names the file and line.
+absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
+                                                             int64_t max_prompts);
+
+// The job's prompts as token ids: the inline prompts or the dataset (read one prompt past the
+// limit at most, so a huge file is refused without being held), text tokenized by `tokenizer`
+// (the target's own tokenizer, in batches of 64), every id checked against the vocabulary.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
+    const ScoreSpec& spec, const ScoreLimits& limits, ExtractorEndpoint* tokenizer,
+    const ExtractionContract& contract);
+
+}  // namespace specwire
