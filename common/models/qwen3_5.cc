@@ -134,8 +134,10 @@ DeltaRuleResult GatedDeltaRuleChunked(const at::Tensor& q_in, const at::Tensor& 
   auto repeat_heads = [&](const at::Tensor& x) {  // [B, N, nk, C, d] → [B, N, H, C, d]
     if (nk == H) return x;
     const int64_t d = x.size(-1);
-    // value head j reads key head j / (H / nk), as repeat_interleave
-    return x.unsqueeze(3).expand({B, N, nk, H / nk, C, d}).reshape({B, N, H, C, d});
+    // value head j reads key head j / (H / nk), as repeat_interleave. With one key head the
+    // reshape would be a stride-0 view of that head, which the in-place products below must not
+    // write through: always a copy.
+    return x.unsqueeze(3).expand({B, N, nk, H / nk, C, d}).reshape({B, N, H, C, d}).contiguous();
   };
   // (Products are taken in place where an operand is a dead temporary: same values, fewer fresh
   // buffers for the allocator to fault in.)

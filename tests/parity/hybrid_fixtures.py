@@ -53,6 +53,10 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
                                       "full_attention", "linear_attention"],
                          rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0,
                                               partial_rotary_factor=0.25)),
+    # One linear-attention key head shared by four value heads, and one kv head (an outside check
+    # found the single key head stopping with libtorch's aliasing error).
+    "one_key_head": dict(num_hidden_layers=4, full_attention_interval=2, tie_word_embeddings=False,
+                         linear_num_key_heads=1, num_key_value_heads=1),
 }
 
 TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,

@@ -30,7 +30,7 @@ from hf_fixtures import hf_taps, rel_err, run_extract, write_tokens
 LENGTHS = [1, 63, 64, 65, 300]
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2}
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-PARITY_CHECKPOINTS = ["text_interval4", "vlm_interval4", "text_custom"]
+PARITY_CHECKPOINTS = ["text_interval4", "vlm_interval4", "text_custom", "text_one_key_head"]
 NEW_TOKENS = 20
 
 
@@ -53,6 +53,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                     root / "text_custom"),
         "text_interval4_other": hy.save_text(hy.random_causal_lm("interval4", seed=2),
                                              root / "text_interval4_other"),
+        "text_one_key_head": hy.save_text(hy.random_causal_lm("one_key_head", seed=3),
+                                          root / "text_one_key_head"),
     }
 
 
@@ -73,9 +75,9 @@ def ours(checkpoints, sequences, tmp_path_factory):
         path = checkpoints[name]
         num_layers = json.loads(run_extract(["info", "--model", str(path)]).stdout)["num_layers"]
         out = work / f"{name}.{dtype}.safetensors"
-        run_extract(["extract", "--model", str(path), "--tokens-file", str(tokens),
+        run_extract(["extract", "--model", str(path), "--tokens_file", str(tokens),
                      "--layers", ",".join(str(k) for k in range(num_layers)), "--embedding",
-                     "--final-norm", "--out", str(out), "--dtype", dtype])
+                     "--final_norm", "--out", str(out), "--dtype", dtype])
         return load_file(out)
 
     return run
@@ -117,7 +119,7 @@ def test_single_sequences_are_bit_identical(dtype, checkpoints, tmp_path) -> Non
     out = tmp_path / "one.safetensors"
     run_extract(["extract", "--model", str(path), "--tokens", ",".join(map(str, seq)),
                  "--layers", ",".join(str(k) for k in range(num_layers)), "--embedding",
-                 "--final-norm", "--out", str(out), "--dtype", dtype, "--out-dtype", dtype])
+                 "--final_norm", "--out", str(out), "--dtype", dtype, "--out_dtype", dtype])
     states = load_file(out)
     for tap, expected in taps.items():
         assert torch.equal(states[f"seq.0.{tap}"].float(), expected), tap
@@ -152,7 +154,7 @@ def test_greedy_generation_matches_transformers(reference, checkpoints, sequence
     for name in GENERATION_CASES[reference]:
         res = run_extract(["generate", "--model", str(checkpoints[name]),
                            "--tokens", ";".join(",".join(map(str, p)) for p in prompts),
-                           "--max-new-tokens", str(NEW_TOKENS), "--no-config-eos"])
+                           "--max_new_tokens", str(NEW_TOKENS), "--ignore_model_eos"])
         got = json.loads(res.stdout)
         for prompt, want, ours_ in zip(prompts, expected, got):
             assert len(want) == NEW_TOKENS

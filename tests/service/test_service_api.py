@@ -190,3 +190,26 @@ def test_client_balances_over_a_list_of_addresses(server_factory, checkpoint, fp
     assert sum(served) == calls and min(served) >= 3, served
     with ExtractorClient(f"dns:///localhost:{other.port}", timeout=30) as c:
         assert c.model_info().num_layers == 3
+
+
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+def test_generate_features_equal_an_extract_of_the_same_tokens(server_factory, checkpoint,
+                                                               compute):
+    """Generation goes through the extraction forward: the states of prompt + completion that
+    Generate returns are bit-identical to an Extract of those tokens, alone or batched with other
+    sequences (each sequence runs its own forward: --batch_layout per_sequence)."""
+    server = server_factory(checkpoint, dtype=compute)
+    prompts = random_sequences([3, 17, 40], seed=21)
+    with ExtractorClient(server.address, timeout=120) as c:
+        generated = c.generate(prompts, 12, ignore_model_eos=True, layer_ids=[0, 2],
+                               final_norm=True, embedding=True, dtype="fp32")
+        partners = random_sequences([5, 66, 1], seed=22)
+        for g in generated:
+            [alone] = c.extract([g.token_ids], [0, 2], final_norm=True, embedding=True,
+                                dtype="fp32")
+            batched = c.extract(partners[:2] + [g.token_ids] + partners[2:], [0, 2],
+                                final_norm=True, embedding=True, dtype="fp32")[2]
+            assert g.states.keys() == alone.keys() == batched.keys()
+            for name, want in g.states.items():
+                assert torch.equal(alone[name], want), f"{compute}: Extract {name} != Generate"
+                assert torch.equal(batched[name], want), f"{compute}: batched {name} != Generate"
