@@ -6,7 +6,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace specwire {
 
@@ -27,6 +30,31 @@ std::vector<std::string> ParseCommandLineFlags(int argc, char** argv, absl::stri
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   return std::vector<std::string>(positional.begin() + (positional.empty() ? 0 : 1),
                                   positional.end());
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::string_view flag) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> ParseIdSequences(absl::string_view text,
+                                                                   absl::string_view flag) {
+  std::vector<std::vector<int64_t>> out;
+  for (absl::string_view seq : absl::StrSplit(text, ';')) {
+    absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(seq, flag);
+    if (!ids.ok()) return ids.status();
+    out.push_back(*std::move(ids));
+  }
+  return out;
 }
 
 }  // namespace specwire

@@ -8,8 +8,11 @@
 // flag (exit status 1), and --help lists every flag the binary links, its own and the shared ones.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "absl/strings/string_view.h"
 
@@ -20,5 +23,13 @@ namespace specwire {
 // own), and --version printing "<program> <SPECWIRE_VERSION>". Exits on --help, --version and on
 // flag errors. Returns the positional arguments, argv[0] excluded ("--" ends the flags).
 std::vector<std::string> ParseCommandLineFlags(int argc, char** argv, absl::string_view usage);
+
+// A flag's comma-separated integers ("1, 2,3"; empty parts skipped). INVALID_ARGUMENT
+// "--<flag>: "x" is not an integer".
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::string_view flag);
+// Sequences of ids separated by ';' ("1,2,3;4,5"; empty sequences kept, so a caller can refuse
+// them by index).
+absl::StatusOr<std::vector<std::vector<int64_t>>> ParseIdSequences(absl::string_view text,
+                                                                   absl::string_view flag);
 
 }  // namespace specwire

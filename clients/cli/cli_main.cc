@@ -81,19 +81,6 @@ Commands:
 The extractor is --extractor (default 127.0.0.1:50051; deadline --extractor_timeout, default
 300 s). Errors print the gRPC status code and message; the exit status is 1 (2 for bad flags).)";
 
-absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
-  std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int64_t v;
-    if (!absl::SimpleAtoi(part, &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
-    }
-    ids.push_back(v);
-  }
-  return ids;
-}
-
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -159,7 +146,7 @@ absl::StatusOr<std::vector<InputSequence>> ReadInputs() {
     SW_ASSIGN_OR_RETURN(out, ReadPromptList(prompts_file, "--prompts_file", /*texts=*/true));
   } else {
     for (absl::string_view s : absl::StrSplit(tokens, ';', absl::SkipWhitespace())) {
-      SW_ASSIGN_OR_RETURN(auto ids, ParseIds(s, "tokens"));
+      SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(s, "tokens"));
       out.push_back(InputSequence::Tokens(std::move(ids)));
     }
   }
@@ -170,7 +157,7 @@ absl::StatusOr<std::vector<InputSequence>> ReadInputs() {
 absl::StatusOr<RequestedStates> ReadStates() {
   RequestedStates s;
   if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
-    SW_ASSIGN_OR_RETURN(auto ids, ParseIds(layers, "layers"));
+    SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(layers, "layers"));
     for (int64_t id : ids) s.layer_ids.push_back(static_cast<int32_t>(id));
   }
   s.embedding = absl::GetFlag(FLAGS_embedding);
@@ -272,7 +259,7 @@ absl::StatusOr<GenerateParams> GenerateParamsFromFlags() {
   SW_ASSIGN_OR_RETURN(p.prompts, ReadInputs());
   p.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-    SW_ASSIGN_OR_RETURN(p.stop_token_ids, ParseIds(stop, "stop"));
+    SW_ASSIGN_OR_RETURN(p.stop_token_ids, ParseIntList(stop, "stop"));
   }
   p.ignore_model_eos = absl::GetFlag(FLAGS_ignore_model_eos);
   SW_ASSIGN_OR_RETURN(p.states, ReadStates());

@@ -64,19 +64,6 @@ Commands:
   extract    write hidden states of token sequences to a safetensors file
   generate   greedy completion of a prompt; prints JSON {"tokens": [...], "finish_reason": ...})";
 
-absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
-  std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    int64_t v;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
-    }
-    ids.push_back(v);
-  }
-  return ids;
-}
-
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences() {
   std::vector<std::vector<int64_t>> seqs;
   if (const std::string file = absl::GetFlag(FLAGS_tokens_file); !file.empty()) {
@@ -103,7 +90,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences() {
         return absl::InvalidArgumentError(
             absl::StrCat("--tokens: sequence ", seqs.size(), " is empty"));
       }
-      SW_ASSIGN_OR_RETURN(auto ids, ParseIds(s, "tokens"));
+      SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(s, "tokens"));
       seqs.push_back(std::move(ids));
     }
   } else {
@@ -152,7 +139,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     GenerateOptions opts;
     opts.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
     if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-      SW_ASSIGN_OR_RETURN(opts.stop_token_ids, ParseIds(stop, "stop"));
+      SW_ASSIGN_OR_RETURN(opts.stop_token_ids, ParseIntList(stop, "stop"));
     }
     opts.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
     nlohmann::json results = nlohmann::json::array();
@@ -167,7 +154,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   SW_ASSIGN_OR_RETURN(auto seqs, ReadSequences());
   CaptureSpec capture;
   if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
-    SW_ASSIGN_OR_RETURN(capture.layers, ParseIds(layers, "layers"));
+    SW_ASSIGN_OR_RETURN(capture.layers, ParseIntList(layers, "layers"));
   }
   capture.embedding = absl::GetFlag(FLAGS_embedding);
   capture.final_norm = absl::GetFlag(FLAGS_final_norm);

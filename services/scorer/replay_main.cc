@@ -76,19 +76,6 @@ Commands:
                     hidden states and logits of each block to --out
   ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out))";
 
-absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::string_view flag) {
-  std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int64_t v;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
-    }
-    ids.push_back(v);
-  }
-  return ids;
-}
-
 absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) {
   SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   json j = json::parse(text, nullptr, false);
@@ -175,7 +162,7 @@ absl::Status RunReplay() {
   options.ddtree_budgets.clear();
   const std::string budgets = absl::GetFlag(FLAGS_ddtree);
   if (budgets != "none" && !budgets.empty()) {
-    SW_ASSIGN_OR_RETURN(std::vector<int64_t> b, ParseIds(budgets, "ddtree"));
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> b, ParseIntList(budgets, "ddtree"));
     for (int64_t v : b) {
       if (v < 1) return absl::InvalidArgumentError("--ddtree budgets must be positive");
       options.ddtree_budgets.push_back(static_cast<int32_t>(v));
@@ -214,7 +201,7 @@ absl::Status RunReplay() {
     gen.max_new_tokens = max_new_tokens;
     gen.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
     if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIds(stop, "stop"));
+      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIntList(stop, "stop"));
     }
     for (size_t i = 0; i < j.size(); ++i) {
       SW_ASSIGN_OR_RETURN(std::vector<int64_t> p,

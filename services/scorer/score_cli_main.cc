@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -173,14 +174,7 @@ absl::StatusOr<ScoreSpec> SpecFromFlags() {
   }
   for (absl::string_view prompt :
        absl::StrSplit(absl::GetFlag(FLAGS_tokens), ';', absl::SkipWhitespace())) {
-    std::vector<int64_t> ids;
-    for (absl::string_view t : absl::StrSplit(prompt, ',', absl::SkipWhitespace())) {
-      int64_t v;
-      if (!absl::SimpleAtoi(t, &v)) {
-        return absl::InvalidArgumentError(absl::StrCat("--tokens: \"", t, "\" is not an integer"));
-      }
-      ids.push_back(v);
-    }
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseIntList(prompt, "tokens"));
     s.prompts.push_back(InputSequence::Tokens(std::move(ids)));
   }
   if (!absl::GetFlag(FLAGS_text).empty())
@@ -188,13 +182,13 @@ absl::StatusOr<ScoreSpec> SpecFromFlags() {
   s.max_prompts = absl::GetFlag(FLAGS_max_prompts);
   s.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   s.ddtree_budgets.clear();
-  for (absl::string_view b :
-       absl::StrSplit(absl::GetFlag(FLAGS_ddtree), ',', absl::SkipWhitespace())) {
-    int32_t v;
-    if (!absl::SimpleAtoi(b, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("--ddtree: \"", b, "\" is not an integer"));
+  SW_ASSIGN_OR_RETURN(const std::vector<int64_t> budgets,
+                      ParseIntList(absl::GetFlag(FLAGS_ddtree), "ddtree"));
+  for (int64_t b : budgets) {
+    if (b < 1 || b > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("--ddtree: ", b, " is not a node budget"));
     }
-    s.ddtree_budgets.push_back(v);
+    s.ddtree_budgets.push_back(static_cast<int32_t>(b));
   }
   s.labels.drafter = absl::GetFlag(FLAGS_drafter_label);
   s.labels.dataset = absl::GetFlag(FLAGS_dataset_label);
