@@ -2,7 +2,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
 
@@ -12,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/health_service.h"
 
 namespace specwire {
 namespace {
@@ -33,20 +33,22 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(ServerStartO
     }
     for (const auto& collectable : options.metrics) s->exposer_->RegisterCollectable(collectable);
   }
-  grpc::EnableDefaultHealthCheckService(true);
+  // specwire's own grpc.health.v1 (health_service.h) instead of gRPC's default one.
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  s->health_ = std::make_unique<HealthService>();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, options.credentials, &s->port_);
   for (grpc::Service* service : options.services) builder.RegisterService(service);
+  builder.RegisterService(s->health_.get());
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  if (!options.health_service.empty()) health->SetServingStatus(options.health_service, true);
+  s->health_->SetStatus("", true);
+  if (!options.health_service.empty()) s->health_->SetStatus(options.health_service, true);
   s->options_ = std::move(options);
   return s;
 }
@@ -60,7 +62,7 @@ std::string RunningServer::Describe() const {
                       exposer_ ? absl::StrCat(", metrics on ", options_.metrics_listen) : "");
 }
 
-void RunningServer::BeginDrain() { server_->GetHealthCheckService()->SetServingStatus(false); }
+void RunningServer::BeginDrain() { health_->Drain(); }
 
 void RunningServer::Stop(std::chrono::system_clock::time_point deadline) {
   stopped_ = true;

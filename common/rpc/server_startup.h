@@ -3,9 +3,10 @@
 //      slow work, so a wrong certificate or token path fails at once;
 //   2. the main loads what it serves and builds its services;
 //   3. RunningServer::Start: the Prometheus exporter on its own plain-HTTP address, then the gRPC
-//      server with the services, grpc.health.v1 (SERVING) and reflection;
+//      server with the services, grpc.health.v1 (SERVING; health_service.h) and reflection;
 //   4. WaitForStopSignal: until SIGTERM or SIGINT;
-//   5. BeginDrain (health NOT_SERVING, so load balancers and probes stop sending), the main
+//   5. BeginDrain (health NOT_SERVING and health Watch streams ended, so load balancers and
+//      probes stop sending and no open Watch holds the shutdown), the main
 //      drains its own work (scheduler, job queue), then Stop.
 // No gRPC or Prometheus header here: the types are only forward-declared.
 #pragma once
@@ -28,6 +29,8 @@ class Exposer;
 }  // namespace prometheus
 
 namespace specwire {
+
+class HealthService;
 
 struct ServerStartOptions {
   std::string listen;          // gRPC host:port (port 0 picks one): the main's --listen
@@ -52,7 +55,8 @@ class RunningServer {
   int port() const { return port_; }
   // "port 50051, metrics on 127.0.0.1:9464" (or without the metrics part): for start-up logs.
   std::string Describe() const;
-  // Health NOT_SERVING for the server and every service; calls are still served.
+  // Health NOT_SERVING for the server and every service, and every health Watch stream ended (so
+  // none holds the shutdown); calls are still served.
   void BeginDrain();
   // grpc::Server::Shutdown: no new calls; calls in flight get until `deadline`, then are
   // cancelled. Returns when every call has ended.
@@ -62,6 +66,7 @@ class RunningServer {
   RunningServer() = default;
   ServerStartOptions options_;
   std::unique_ptr<prometheus::Exposer> exposer_;  // before server_: destroyed after it
+  std::unique_ptr<HealthService> health_;         // registered with server_: outlives it
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool stopped_ = false;

@@ -42,6 +42,9 @@ ABSL_FLAG(int64_t, max_concurrent_streams, 64, "Open Extract/Generate/GetTensors
 ABSL_FLAG(int64_t, max_sequences_per_request, 256, "Sequences (or prompts) per request at most.");
 ABSL_FLAG(int64_t, max_tokens_per_sequence, 32768, "Tokens per sequence at most.");
 ABSL_FLAG(int64_t, max_tokens_per_request, 262144, "Tokens per request (all sequences) at most.");
+ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
+          "Bytes of one text input (Extract, Generate, Tokenize) at most; longer texts are refused "
+          "before they are tokenized.");
 // Not --max_new_tokens: in every client binary that is the completion budget of a request.
 ABSL_FLAG(int64_t, max_new_tokens_limit, 4096,
           "Generate: the largest max_new_tokens a request may ask for.");
@@ -109,6 +112,8 @@ int main(int argc, char** argv) {
   limits.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   limits.default_chunk_bytes = absl::GetFlag(FLAGS_default_chunk_bytes);
   limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
+  limits.max_send_message_bytes = limits.max_chunk_bytes + (1 << 20);
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 
   ServerStartOptions start;
@@ -120,7 +125,7 @@ int main(int argc, char** argv) {
   start.health_service = "specwire.v1.Extractor";
   // Requests are small; responses are bounded by the chunk limit plus framing.
   start.max_receive_message_bytes = 64 << 20;
-  start.max_send_message_bytes = static_cast<int>(limits.max_chunk_bytes + (1 << 20));
+  start.max_send_message_bytes = static_cast<int>(limits.max_send_message_bytes);
   auto server = RunningServer::Start(std::move(start));
   if (!server.ok()) return Fail(std::string(server.status().message()));
 

@@ -252,6 +252,11 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInput
         ids.push_back(t[j]);
       }
     } else if (in.input_case() == v1::SequenceInput::kText) {
+      if (static_cast<int64_t>(in.text().size()) > limits_.max_text_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, "[", i, "].text: ", in.text().size(), " bytes exceed the limit of ",
+                         limits_.max_text_bytes, " (--max_text_bytes)"));
+      }
       if (tokenizer_ == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat(field, "[", i,
@@ -438,6 +443,31 @@ grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext
   absl::Status status = [&]() -> absl::Status {
     if (tokenizer_ == nullptr) {
       return absl::FailedPreconditionError("this extractor has no tokenizer (no tokenizer.json)");
+    }
+    // Before the work: every text within --max_text_bytes, and an answer that fits in one
+    // message however the texts tokenize. A token holds at least one byte of its text (special
+    // tokens added around it aside), and an id takes the varint length of vocab_size - 1 on the
+    // wire (3 bytes below 2^21), plus framing per sequence.
+    int64_t id_bytes = 1;
+    for (uint64_t v = static_cast<uint64_t>(std::max<int64_t>(backend_->vocab_size() - 1, 1));
+         v >= 128; v >>= 7) {
+      ++id_bytes;
+    }
+    int64_t bound = 64;
+    for (int i = 0; i < request->texts_size(); ++i) {
+      const int64_t n = static_cast<int64_t>(request->texts(i).size());
+      if (n > limits_.max_text_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("texts[", i, "]: ", n, " bytes exceed the limit of ",
+                         limits_.max_text_bytes, " (--max_text_bytes)"));
+      }
+      bound += id_bytes * (n + 8) + 8;
+    }
+    if (bound > limits_.max_send_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "texts: ", request->texts_size(), " texts could tokenize to an answer of up to ", bound,
+          " bytes, over the largest message this server sends (", limits_.max_send_message_bytes,
+          " bytes, set by --max_chunk_bytes): send fewer or shorter texts per call"));
     }
     std::lock_guard<std::mutex> lock(tokenizer_mu_);
     for (int i = 0; i < request->texts_size(); ++i) {

@@ -28,6 +28,12 @@ struct ExtractorLimits {
   int64_t max_concurrent_streams = 64;
   int64_t default_chunk_bytes = 1 << 20;
   int64_t max_chunk_bytes = 4 << 20;
+  // A text input (Extract / Generate / Tokenize) is refused above this many bytes, before it is
+  // tokenized (a byte-level BPE token holds at least one byte).
+  int64_t max_text_bytes = 1 << 20;
+  // The largest message the server sends (ServerStartOptions::max_send_message_bytes): a
+  // Tokenize answer that could exceed it is refused before the work.
+  int64_t max_send_message_bytes = 5 << 20;
 };
 
 class ExtractorService final : public v1::Extractor::CallbackService {

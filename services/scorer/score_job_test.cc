@@ -837,3 +837,24 @@ TEST(ValidateSpec, JobId) {
 
 }  // namespace
 }  // namespace specwire
+
+namespace specwire {
+namespace {
+
+TEST(ValidateSpec, TextPromptBytes) {
+  ScoreLimits o;
+  o.max_text_bytes = 16;
+  ScoreSpec s;
+  s.drafter_path = "/d";
+  s.prompts = {InputSequence::Text("short"), InputSequence::Text(std::string(17, 'x'))};
+  absl::Status v = ValidateSpec(s, o);
+  EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(v.message().find("prompts[1].text: 17 bytes exceed the limit of 16 (--max_text_bytes)"),
+            std::string::npos)
+      << v;
+  s.prompts.pop_back();
+  EXPECT_TRUE(ValidateSpec(s, o).ok());
+}
+
+}  // namespace
+}  // namespace specwire

@@ -53,6 +53,14 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
                                                    " is outside [1, ", o.max_new_tokens,
                                                    "] (--max_new_tokens_limit)"));
   }
+  for (size_t i = 0; i < spec.prompts.size(); ++i) {
+    if (spec.prompts[i].is_text &&
+        static_cast<int64_t>(spec.prompts[i].text.size()) > o.max_text_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompts[", i, "].text: ", spec.prompts[i].text.size(),
+                       " bytes exceed the limit of ", o.max_text_bytes, " (--max_text_bytes)"));
+    }
+  }
   if (static_cast<int64_t>(spec.ddtree_budgets.size()) > o.max_ddtree_budgets) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ddtree_budgets: ", spec.ddtree_budgets.size(), " budgets exceed the limit of ",
@@ -184,6 +192,11 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
     return absl::OkStatus();
   };
   for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].is_text && static_cast<int64_t>(inputs[i].text.size()) > limits.max_text_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "].text: ", inputs[i].text.size(), " bytes exceed the limit of ",
+          limits.max_text_bytes, " (--max_text_bytes)"));
+    }
     if (inputs[i].is_text) {
       text_index.push_back(i);
       texts.push_back(inputs[i].text);

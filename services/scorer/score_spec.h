@@ -51,6 +51,9 @@ struct ScoreLimits {
   int64_t max_new_tokens = 4096;
   int64_t max_ddtree_budget = 4096;
   int64_t max_ddtree_budgets = 16;
+  // Bytes of one text prompt (inline or in a dataset) at most: refused before it is queued or
+  // sent to an extractor.
+  int64_t max_text_bytes = 1 << 20;
   // Paths in a spec (drafter, dataset) must lie under this directory ("" : anywhere).
   std::string data_root;
 };

@@ -40,6 +40,9 @@ ABSL_FLAG(int64_t, max_prompts_per_job, 100000, "Prompts per job at most.");
 ABSL_FLAG(int64_t, max_new_tokens_limit, 4096, "The largest max_new_tokens a job may ask for.");
 ABSL_FLAG(int64_t, max_ddtree_budget, 4096, "DDTree node budget at most.");
 ABSL_FLAG(int64_t, max_ddtree_budgets, 16, "DDTree budgets per job at most.");
+ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
+          "Bytes of one text prompt (inline or in a dataset) at most; refused before the job is "
+          "queued.");
 ABSL_FLAG(std::string, data_root, "",
           "If set, drafter_path and dataset_path of requests must lie under this directory.");
 // Push mode (specwire.v1.CheckpointScorer, on when --eval_sets is given).
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   ro->limits.max_ddtree_budget = absl::GetFlag(FLAGS_max_ddtree_budget);
   ro->limits.max_ddtree_budgets = absl::GetFlag(FLAGS_max_ddtree_budgets);
   ro->limits.data_root = absl::GetFlag(FLAGS_data_root);
+  ro->limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
   auto log_mu = std::make_shared<std::mutex>();
   ro->log = [log_mu](const std::string& line) {
     std::lock_guard<std::mutex> lock(*log_mu);
@@ -136,7 +140,9 @@ int main(int argc, char** argv) {
   if (eval) start.services.push_back(eval->service());
   start.metrics = {metrics.registry()};
   start.health_service = "specwire.v1.Scorer";
-  start.max_receive_message_bytes = 256 << 20;  // inline prompts
+  // Inline prompts: 64 MiB of token ids is ~16M tokens; a larger request is refused by gRPC
+  // (RESOURCE_EXHAUSTED) before it is held.
+  start.max_receive_message_bytes = 64 << 20;
   auto server = RunningServer::Start(std::move(start));
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
