@@ -115,8 +115,11 @@ s = r["summary"]
 print(f"{'response':>8}  {'prompt':>6}  {'completion':>10}  {'steps':>5}  {'tau':>6}  {'DDTree-8':>8}")
 for p in r["prompts"]:
     dd = p["ddtree_step_lengths"]["8"]
+    # A completion that starts with a stop token has no steps: no τ (left out of the means).
+    tau = f"{p['tau']:6.3f}" if p["step_lengths"] else f"{'-':>6}"
+    tree = f"{sum(dd) / len(dd):8.3f}" if dd else f"{'-':>8}"
     print(f"{p['prompt_index']:>8}  {p['prompt_tokens']:>6}  {p['completion_tokens']:>10}  "
-          f"{len(p['step_lengths']):>5}  {p['tau']:6.3f}  {sum(dd) / len(dd):8.3f}")
+          f"{len(p['step_lengths']):>5}  {tau}  {tree}")
 dd = s["ddtree_tau"]["8"]
 print(f"{'pooled':>8}  {'':>6}  {'':>10}  {s['steps']:>5}  {s['tau_pooled']:6.3f}  "
       f"{dd['tau_pooled']:8.3f}")

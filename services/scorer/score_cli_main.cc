@@ -260,6 +260,7 @@ absl::Status RunOnScorer(const ScoreSpec& spec, const ScorerConnection& scorer, 
       switch (m.message_case()) {
         case v1::ScoreResponse::kContract:
           report.contract = ContractFromProto(m.contract());
+          report.extractors.assign(m.extractors().begin(), m.extractors().end());
           break;
         case v1::ScoreResponse::kProgress: {
           ScoreProgress p;

@@ -40,6 +40,7 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     state->last = std::chrono::steady_clock::now();
     v1::ScoreResponse m;
     ContractToProto(s.contract, m.mutable_contract());
+    for (const std::string& e : s.extractors) m.add_extractors(e);
     r->SendMessage(std::move(m));
   };
   job->events.on_progress = [r, state, metrics](const ScoreProgress& p) {

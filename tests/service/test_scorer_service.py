@@ -277,6 +277,10 @@ def test_reports_through_a_scorer_and_in_process_with_two_extractors(
     assert "tau (mean of means)" in one.stdout and "DDTree-32 tau" in one.stdout
     assert "pos  7" in one.stdout
     assert "scored 6/6 prompts" in one.stderr  # plain progress lines: stderr is not a terminal
+    # The report names the extractors the scorer used (the "extractors" row of the HTML report).
+    report_one = json.loads((tmp_path / "one.json").read_text())
+    assert report_one["extractors"] == [scorer.extractors], report_one["extractors"]
+    assert scorer.extractors in (tmp_path / "one.html").read_text()
 
     # A second scorer over both extractors, sharing the first one's target-head cache.
     both = ",".join(e.address for e in extractors)
