@@ -23,11 +23,13 @@
 
 #include "absl/status/status.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/stream_watchdog.h"
 
 namespace specwire {
 
 // The call's deadline on the steady clock (gRPC gives it on the system clock); max() for none.
-inline std::chrono::steady_clock::time_point SteadyDeadline(const grpc::CallbackServerContext* ctx) {
+inline std::chrono::steady_clock::time_point SteadyDeadline(
+    const grpc::CallbackServerContext* ctx) {
   const auto deadline = ctx->deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) {
     return std::chrono::steady_clock::time_point::max();
@@ -38,7 +40,7 @@ inline std::chrono::steady_clock::time_point SteadyDeadline(const grpc::Callback
 }
 
 template <class Response>
-class StreamReactor : public grpc::ServerWriteReactor<Response> {
+class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStream {
  public:
   // Fills the next message and returns true, or returns false when it has nothing more.
   using Producer = std::function<bool(Response*)>;
@@ -58,6 +60,32 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
         on_done_(std::move(on_done)),
         on_finish_(std::move(on_finish)),
         start_(std::chrono::steady_clock::now()) {}
+
+  // Lets `watchdog` cancel the call through `ctx` when the client stops reading (a write pending
+  // past the watchdog's idle limit). Call right after construction; both must outlive OnDone.
+  void WatchIdle(StreamWatchdog* watchdog, grpc::CallbackServerContext* ctx) {
+    if (watchdog == nullptr || !watchdog->enabled()) return;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      watchdog_ = watchdog;
+      ctx_ = ctx;
+    }
+    watchdog->Register(this);
+  }
+
+  // IdleStream.
+  void AddRef() override { refs_.fetch_add(1); }
+  void DropRef() override { Release(); }
+  void CancelIfWritePendingSince(std::chrono::steady_clock::time_point cutoff,
+                                 const std::string& reason) override {
+    Hold hold(this);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (!writing_ || finished_ || done_ || ctx_ == nullptr || write_started_ > cutoff) return;
+    status_ = grpc::Status(grpc::CANCELLED, reason);
+    // The pending write then fails (OnWriteDone(false) finishes the call with status_, frees the
+    // slot and cancels the work); reactions that run inline re-enter the recursive lock.
+    ctx_->TryCancel();
+  }
 
   // Writes wait until Resume(): a first message can be queued before the work is submitted, so
   // it is always first, while a submission error still arrives as a plain status.
@@ -146,6 +174,13 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
     FireCancel();
   }
   void OnDone() override {
+    StreamWatchdog* watchdog = nullptr;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      done_ = true;
+      watchdog = watchdog_;
+    }
+    if (watchdog != nullptr) watchdog->Unregister(this);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     std::string code;
@@ -195,6 +230,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
       msg_.Clear();
       if (producers_.front()(&msg_)) {
         writing_ = true;
+        write_started_ = std::chrono::steady_clock::now();
         this->StartWrite(&msg_);
         return;
       }
@@ -228,6 +264,10 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
   bool completed_ = false;
   bool finished_ = false;
   bool cancelled_ = false;
+  bool done_ = false;  // OnDone ran: ctx_ is gone
+  std::chrono::steady_clock::time_point write_started_;
+  StreamWatchdog* watchdog_ = nullptr;
+  grpc::CallbackServerContext* ctx_ = nullptr;
   grpc::Status status_;
 };
 

@@ -42,6 +42,12 @@ ABSL_FLAG(int64_t, max_concurrent_streams, 64, "Open Extract/Generate/GetTensors
 ABSL_FLAG(int64_t, max_sequences_per_request, 256, "Sequences (or prompts) per request at most.");
 ABSL_FLAG(int64_t, max_tokens_per_sequence, 32768, "Tokens per sequence at most.");
 ABSL_FLAG(int64_t, max_tokens_per_request, 262144, "Tokens per request (all sequences) at most.");
+ABSL_FLAG(int64_t, max_streams_per_peer, 0,
+          "Open Extract/Generate/GetTensors streams from one client address (any port) at most; "
+          "0: no cap beyond --max_concurrent_streams.");
+ABSL_FLAG(double, stream_idle_seconds, 60,
+          "A stream whose client has read nothing for this long is cancelled (its slot and work "
+          "freed); 0: never.");
 ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
           "Bytes of one text input (Extract, Generate, Tokenize) at most; longer texts are refused "
           "before they are tokenized.");
@@ -113,6 +119,8 @@ int main(int argc, char** argv) {
   limits.default_chunk_bytes = absl::GetFlag(FLAGS_default_chunk_bytes);
   limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
+  limits.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
+  limits.stream_idle_seconds = absl::GetFlag(FLAGS_stream_idle_seconds);
   limits.max_send_message_bytes = limits.max_chunk_bytes + (1 << 20);
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 

@@ -197,7 +197,10 @@ ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* schedul
       scheduler_(scheduler),
       tokenizer_(tokenizer),
       metrics_(metrics),
-      limits_(limits) {}
+      limits_(limits),
+      idle_watchdog_(
+          std::chrono::milliseconds(static_cast<int64_t>(limits.stream_idle_seconds * 1000)),
+          "--stream_idle_seconds") {}
 
 std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method) {
   return [this, method](const std::string& code, double seconds) {
@@ -207,21 +210,53 @@ std::function<void(const std::string&, double)> ExtractorService::DoneHook(const
 
 // The slot is given back when the final status is handed to gRPC, not at OnDone: the client may
 // already hold that status and open its next stream before OnDone runs.
-std::function<void()> ExtractorService::SlotRelease(bool holds_slot) {
+std::function<void()> ExtractorService::SlotRelease(bool holds_slot, std::string peer) {
   if (!holds_slot) return nullptr;
-  return [this] { CloseStream(); };
+  return [this, peer = std::move(peer)] { CloseStream(peer); };
 }
 
-bool ExtractorService::TryOpenStream() {
+namespace {
+
+// "ipv4:127.0.0.1:53412" → "ipv4:127.0.0.1" (a client's connections differ in the port only).
+std::string PeerAddress(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  const size_t first = peer.find(':');
+  return colon == std::string::npos || colon == first ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
+absl::Status ExtractorService::TryOpenStream(const grpc::CallbackServerContext* ctx,
+                                             std::string* peer) {
   if (active_streams_.fetch_add(1) >= limits_.max_concurrent_streams) {
     active_streams_.fetch_sub(1);
-    return false;
+    return absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
+                                                     limits_.max_concurrent_streams,
+                                                     ", --max_concurrent_streams); retry later"));
+  }
+  *peer = PeerAddress(ctx->peer());
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    int64_t& n = streams_by_peer_[*peer];
+    if (limits_.max_streams_per_peer > 0 && n >= limits_.max_streams_per_peer) {
+      if (n == 0) streams_by_peer_.erase(*peer);
+      active_streams_.fetch_sub(1);
+      return absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams from ", *peer,
+                                                       " (", limits_.max_streams_per_peer,
+                                                       ", --max_streams_per_peer); retry later"));
+    }
+    ++n;
   }
   metrics_->StreamOpened();
-  return true;
+  return absl::OkStatus();
 }
 
-void ExtractorService::CloseStream() {
+void ExtractorService::CloseStream(const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = streams_by_peer_.find(peer);
+    if (it != streams_by_peer_.end() && --it->second <= 0) streams_by_peer_.erase(it);
+  }
   active_streams_.fetch_sub(1);
   metrics_->StreamClosed();
 }
@@ -377,15 +412,15 @@ template <class Rpc>
 grpc::ServerWriteReactor<typename Rpc::Response>* ExtractorService::StreamHiddenStates(
     grpc::CallbackServerContext* ctx, const typename Rpc::Request& request) {
   using Response = typename Rpc::Response;
-  const bool slot = TryOpenStream();
-  auto* r =
-      new StreamReactor<Response>(SteadyDeadline(ctx), DoneHook(Rpc::kMethod), SlotRelease(slot));
-  if (!slot) {
-    r->Fail(absl::ResourceExhaustedError(absl::StrCat("too many concurrent streams (",
-                                                      limits_.max_concurrent_streams,
-                                                      ", --max_concurrent_streams); retry later")));
+  std::string peer;
+  const absl::Status slot = TryOpenStream(ctx, &peer);
+  auto* r = new StreamReactor<Response>(SteadyDeadline(ctx), DoneHook(Rpc::kMethod),
+                                        SlotRelease(slot.ok(), peer));
+  if (!slot.ok()) {
+    r->Fail(slot);
     return r;
   }
+  r->WatchIdle(&idle_watchdog_, ctx);
   auto job = std::make_shared<Job>();
   job->kind = Rpc::kKind;
   absl::StatusOr<typename Rpc::Work> valid = Rpc::Validate(*this, request);
@@ -509,13 +544,15 @@ grpc::ServerUnaryReactor* ExtractorService::Detokenize(grpc::CallbackServerConte
 
 grpc::ServerWriteReactor<v1::TensorChunk>* ExtractorService::GetTensors(
     grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) {
-  const bool slot = TryOpenStream();
+  std::string peer;
+  const absl::Status slot = TryOpenStream(ctx, &peer);
   auto* r = new StreamReactor<v1::TensorChunk>(SteadyDeadline(ctx), DoneHook("GetTensors"),
-                                               SlotRelease(slot));
-  if (!slot) {
-    r->Fail(absl::ResourceExhaustedError("too many concurrent streams; retry later"));
+                                               SlotRelease(slot.ok(), peer));
+  if (!slot.ok()) {
+    r->Fail(slot);
     return r;
   }
+  r->WatchIdle(&idle_watchdog_, ctx);
   if (request->names().empty()) {
     r->Fail(absl::InvalidArgumentError("names: no tensor named"));
     return r;

@@ -4,11 +4,13 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/rpc/stream_watchdog.h"
 #include "proto/convert.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
 #include "services/extractor/metrics.h"
@@ -26,6 +28,11 @@ struct ExtractorLimits {
   int64_t max_tokens_per_request = 262144;
   int64_t max_new_tokens = 4096;
   int64_t max_concurrent_streams = 64;
+  // Streams open at once from one client address (ip, any port); 0: no cap beyond the total.
+  int64_t max_streams_per_peer = 0;
+  // A stream whose client has not read for this long (a write waiting on flow control) is
+  // cancelled, freeing its slot and its work; 0: never.
+  double stream_idle_seconds = 60;
   int64_t default_chunk_bytes = 1 << 20;
   int64_t max_chunk_bytes = 4 << 20;
   // A text input (Extract / Generate / Tokenize) is refused above this many bytes, before it is
@@ -82,12 +89,13 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   absl::StatusOr<StateSelection> ResolveSelection(const v1::LayerSelection& s) const;
   absl::StatusOr<DType> ResolveDType(v1::WireDType d, const char* field) const;
   absl::StatusOr<int64_t> ResolveChunkBytes(uint32_t requested) const;
-  bool TryOpenStream();
-  void CloseStream();
+  // A stream slot for the call's peer: OK, or RESOURCE_EXHAUSTED naming the limit hit.
+  absl::Status TryOpenStream(const grpc::CallbackServerContext* ctx, std::string* peer);
+  void CloseStream(const std::string& peer);
   // Records a finished stream's metrics (at OnDone).
   std::function<void(const std::string&, double)> DoneHook(const char* method);
   // Frees a stream's concurrency slot (as its final status is handed to gRPC); null if none held.
-  std::function<void()> SlotRelease(bool holds_slot);
+  std::function<void()> SlotRelease(bool holds_slot, std::string peer);
 
   ExtractorBackend* backend_;
   Scheduler* scheduler_;
@@ -96,6 +104,9 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   ExtractorMetrics* metrics_;
   ExtractorLimits limits_;
   std::atomic<int64_t> active_streams_{0};
+  std::mutex peers_mu_;
+  std::map<std::string, int64_t> streams_by_peer_;  // open streams per client address
+  StreamWatchdog idle_watchdog_;
   std::mutex tensors_mu_;  // GetTensors digests are computed lazily by the backend
 };
 

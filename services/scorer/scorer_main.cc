@@ -40,6 +40,9 @@ ABSL_FLAG(int64_t, max_prompts_per_job, 100000, "Prompts per job at most.");
 ABSL_FLAG(int64_t, max_new_tokens_limit, 4096, "The largest max_new_tokens a job may ask for.");
 ABSL_FLAG(int64_t, max_ddtree_budget, 4096, "DDTree node budget at most.");
 ABSL_FLAG(int64_t, max_ddtree_budgets, 16, "DDTree budgets per job at most.");
+ABSL_FLAG(double, stream_idle_seconds, 60,
+          "A Score stream whose client has read nothing for this long is cancelled (its job "
+          "too); 0: never.");
 ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
           "Bytes of one text prompt (inline or in a dataset) at most; refused before the job is "
           "queued.");
@@ -120,7 +123,7 @@ int main(int argc, char** argv) {
 
   ScorerMetrics metrics;
   ScoreWorker worker(&runner, absl::GetFlag(FLAGS_max_queue), &metrics);
-  ScorerService service(&worker, &metrics, ro->limits);
+  ScorerService service(&worker, &metrics, ro->limits, absl::GetFlag(FLAGS_stream_idle_seconds));
   auto eval_config = ContinuousEvalConfigFromFlags(*ro);
   if (!eval_config.ok()) return Fail(eval_config.status().ToString());
   std::unique_ptr<ContinuousEval> eval;

@@ -9,9 +9,13 @@
 
 namespace specwire {
 
-
-ScorerService::ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreLimits limits)
-    : worker_(worker), metrics_(metrics), limits_(std::move(limits)) {}
+ScorerService::ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreLimits limits,
+                             double stream_idle_seconds)
+    : worker_(worker),
+      metrics_(metrics),
+      limits_(std::move(limits)),
+      idle_watchdog_(std::chrono::milliseconds(static_cast<int64_t>(stream_idle_seconds * 1000)),
+                     "--stream_idle_seconds") {}
 
 grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::CallbackServerContext* ctx,
                                                                   const v1::ScoreRequest* request) {
@@ -20,6 +24,7 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
       SteadyDeadline(ctx), [metrics](const std::string& code, double seconds) {
         metrics->RequestDone("Score", code, seconds);
       });
+  r->WatchIdle(&idle_watchdog_, ctx);
   auto job = std::make_shared<ScoreJob>();
   job->spec = SpecFromProto(*request);
   absl::Status valid = ValidateSpec(job->spec, limits_);

@@ -12,10 +12,11 @@
 #include <mutex>
 #include <thread>
 
+#include "common/rpc/stream_watchdog.h"
 #include "proto/convert.h"
+#include "proto/scorer_convert.h"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
 #include "services/scorer/metrics.h"
-#include "proto/scorer_convert.h"
 #include "services/scorer/score_job.h"
 #include "services/scorer/score_worker.h"
 
@@ -23,8 +24,10 @@ namespace specwire {
 
 class ScorerService final : public v1::Scorer::CallbackService {
  public:
-  // Everything passed in must outlive the service. `limits` are checked in the reaction.
-  ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreLimits limits);
+  // Everything passed in must outlive the service. `limits` are checked in the reaction. A Score
+  // stream whose client has read nothing for `stream_idle_seconds` is cancelled (0: never).
+  ScorerService(ScoreWorker* worker, ScorerMetrics* metrics, ScoreLimits limits,
+                double stream_idle_seconds = 60);
 
   grpc::ServerWriteReactor<v1::ScoreResponse>* Score(grpc::CallbackServerContext* ctx,
                                                      const v1::ScoreRequest* request) override;
@@ -33,6 +36,7 @@ class ScorerService final : public v1::Scorer::CallbackService {
   ScoreWorker* worker_;
   ScorerMetrics* metrics_;
   ScoreLimits limits_;
+  StreamWatchdog idle_watchdog_;
 };
 
 }  // namespace specwire

@@ -9,7 +9,7 @@ import threading
 
 import grpc
 import pytest
-from extractor_harness import wait_for
+from extractor_harness import metric_sum, metric_value, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specwire_client import ExtractorClient, ExtractorError, extractor_pb2 as pb
@@ -102,3 +102,58 @@ def test_reflection_resolves_every_served_service(fp32_server):
             assert service.methods, name
         health = pool.FindServiceByName("grpc.health.v1.Health")
         assert {m.name for m in health.methods} == {"Check", "Watch"}
+
+
+def _big_extract(c_stub, request_id: str):
+    """An Extract whose answer (~20 MB of fp32 states) is far more than flow control lets through
+    to a client that does not read: the server's writes wait on it."""
+    seqs = [pb.SequenceInput(tokens=pb.TokenIds(ids=[(7 * i + s) % 500 for i in range(4000)]))
+            for s in range(4)]
+    req = pb.ExtractRequest(sequences=seqs, dtype=pb.WIRE_DTYPE_F32, request_id=request_id,
+                            layers=pb.LayerSelection(layer_ids=[0, 1, 2], embedding=True,
+                                                     final_norm=True))
+    return c_stub.Extract(req, timeout=300)
+
+
+def test_a_stream_nobody_reads_is_cancelled_and_frees_its_slot(server_factory, checkpoint):
+    server = server_factory(checkpoint, args=("--stream_idle_seconds=1",
+                                              "--max_concurrent_streams=2"))
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.ExtractorStub(ch)
+        held = [_big_extract(stub, f"idle-{k}") for k in range(2)]  # never read
+        # Both slots are taken, then freed by the watchdog: the cancelled streams are counted
+        # and the open-streams gauge returns to 0 (no reading happened in between).
+        wait_for(lambda: metric_sum(server.metrics(), "specwire_extractor_requests_total",
+                                    method="Extract", code="CANCELLED") >= 2,
+                 60, "the idle streams to be cancelled")
+        wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_active_streams") == 0,
+                 30, "the slots to be free")
+        for call in held:
+            with pytest.raises(grpc.RpcError) as info:
+                for _ in call:
+                    pass
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+        # A client that reads is served as before.
+        with ExtractorClient(server.address, timeout=60) as c:
+            out = c.extract([[1, 2, 3]] * 2, [0], dtype="fp32")
+            assert [s["layer.0"].shape[0] for s in out] == [3, 3]
+
+
+def test_streams_per_peer_are_capped(server_factory, checkpoint):
+    server = server_factory(checkpoint, args=("--max_streams_per_peer=1",
+                                              "--stream_idle_seconds=0"))
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.ExtractorStub(ch)
+        first = _big_extract(stub, "peer-0")  # holds the peer's only slot while unread
+        wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_active_streams") == 1,
+                 30, "the first stream to be open")
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in _big_extract(stub, "peer-1"):
+                pass
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max_streams_per_peer" in info.value.details()
+        first.cancel()
+        wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_active_streams") == 0,
+                 30, "the first stream to close")
+        with ExtractorClient(server.address, timeout=60) as c:
+            assert c.extract([[1, 2]], [0])[0]["layer.0"].shape[0] == 2
