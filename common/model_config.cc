@@ -368,8 +368,11 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
                                                  : LayerType::kFullAttention);
     }
   } else {
-    // Qwen2/Qwen3: sliding window from layer max_window_layers on, only with use_sliding_window.
+    // Qwen2/Qwen3: sliding window from layer max_window_layers on, only with use_sliding_window
+    // and a window (Qwen2Config: `sliding_window if use_sliding_window else None`, then layers
+    // slide where `sliding_window is not None`; an absent key is the default 4096).
     SW_ASSIGN_OR_RETURN(bool sliding, k.Bool("use_sliding_window", false));
+    if (root.contains("sliding_window") && root.at("sliding_window").is_null()) sliding = false;
     SW_ASSIGN_OR_RETURN(int64_t max_window_layers, k.Int("max_window_layers", 28));
     for (int64_t i = 0; i < c.num_layers; ++i) {
       c.layer_types.push_back(sliding && c.family != ModelFamily::kLlama && i >= max_window_layers

@@ -612,6 +612,11 @@ TEST(ModelConfigTest, TransformersSemanticsOfEdgeKeys) {
   ModelConfig window = MustParse(Qwen3With(R"("use_sliding_window": true,
       "layer_types": ["full_attention", "sliding_attention"])"));
   EXPECT_EQ(window.sliding_window, 4096);
+  // A null window: Qwen2Config derives no sliding layers at all.
+  ModelConfig null_window = MustParse(Qwen3With(R"("use_sliding_window": true,
+      "sliding_window": null, "max_window_layers": 0)"));
+  EXPECT_EQ(null_window.layer_types[1], LayerType::kFullAttention);
+  EXPECT_TRUE(CheckTargetConfig(null_window).ok());
   // Target-only keys: parsed, and refused for a target.
   ModelConfig bidirectional = MustParse(Qwen3With(R"("is_causal": false)"));
   ExpectError(CheckTargetConfig(bidirectional), {"is_causal", "false"});
