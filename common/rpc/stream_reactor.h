@@ -81,7 +81,8 @@ class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStre
     Hold hold(this);
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!writing_ || finished_ || done_ || ctx_ == nullptr || write_started_ > cutoff) return;
-    status_ = grpc::Status(grpc::CANCELLED, reason);
+    // A failure already waiting for this write to finish keeps its own status.
+    if (status_.ok()) status_ = grpc::Status(grpc::CANCELLED, reason);
     // The pending write then fails (OnWriteDone(false) finishes the call with status_, frees the
     // slot and cancels the work); reactions that run inline re-enter the recursive lock.
     ctx_->TryCancel();

@@ -118,7 +118,39 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
   absl::Status status = RunGuarded("extract", [&]() -> absl::Status {
     c10::InferenceMode inference;
     if (layout == BatchLayout::kPadded) {
-      ForwardPadded(model(), sequences, 0, sequences.size(), capture, out_dtype, out);
+      // Longest first, grouped while padding at most doubles a group's tokens: one long
+      // sequence never makes every short one as long (the memory and work a padded batch costs
+      // stay within twice the real tokens).
+      std::vector<size_t> order(sequences.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return sequences[a].size() > sequences[b].size();
+      });
+      std::vector<std::vector<int64_t>> group;
+      std::vector<size_t> members;
+      std::vector<SequenceStates> group_out;
+      int64_t real = 0;
+      auto flush = [&] {
+        if (group.empty()) return;
+        group_out.assign(group.size(), SequenceStates());
+        ForwardPadded(model(), group, 0, group.size(), capture, out_dtype, group_out);
+        for (size_t k = 0; k < members.size(); ++k) out[members[k]] = std::move(group_out[k]);
+        group.clear();
+        members.clear();
+        real = 0;
+      };
+      for (size_t i : order) {
+        const int64_t len = static_cast<int64_t>(sequences[i].size());
+        const int64_t longest = group.empty() ? len : static_cast<int64_t>(group.front().size());
+        if (!group.empty() &&
+            static_cast<int64_t>(group.size() + 1) * longest > 2 * (real + len)) {
+          flush();
+        }
+        group.push_back(sequences[i]);
+        members.push_back(i);
+        real += len;
+      }
+      flush();
     } else {
       for (size_t b = 0; b < sequences.size(); ++b) {
         ForwardPadded(model(), sequences, b, 1, capture, out_dtype, out);

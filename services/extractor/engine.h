@@ -31,8 +31,9 @@ enum class BatchLayout {
   // whatever else shares the request or the batch (fp32 and bf16; a GEMM's rounding may depend on
   // its row count, so sequences never share one). The canonical extraction path and the default.
   kPerSequence,
-  // One right-padded forward for all sequences: fewer, larger GEMMs, but a sequence's low bits
-  // depend on what else is in the batch (bf16: up to ~1e-2 relative). For throughput comparisons.
+  // Right-padded forwards over groups of similar length (padding at most doubles a group's
+  // tokens): fewer, larger GEMMs, but a sequence's low bits depend on what else is in the batch
+  // (bf16: up to ~1e-2 relative). For throughput comparisons.
   kPadded,
 };
 

@@ -511,6 +511,16 @@ grpc::ServerUnaryReactor* ExtractorService::Tokenize(grpc::CallbackServerContext
       TokenIdsToProto(*ids, response->add_sequences()->mutable_ids());
     }
     response->set_tokenizer_digest(backend_->contract().tokenizer_digest);
+    // Normalization can grow a text (NFC: up to 3x in bytes) past the estimate above: the exact
+    // size decides, before gRPC would refuse to send it.
+    if (static_cast<int64_t>(response->ByteSizeLong()) > limits_.max_send_message_bytes) {
+      const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
+      response->Clear();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "texts: the answer is ", bytes, " bytes, over the largest message this server sends (",
+          limits_.max_send_message_bytes,
+          " bytes, set by --max_chunk_bytes): send fewer or shorter texts per call"));
+    }
     return absl::OkStatus();
   }();
   metrics_->RequestDone("Tokenize",

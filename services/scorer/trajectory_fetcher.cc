@@ -218,8 +218,13 @@ TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
   queue_ = std::make_unique<Queue>(workers *
                                    (1 + std::max<int64_t>(options_.prefetch_per_extractor, 0)));
   tasks_ = std::make_unique<Tasks>(request_.todo, std::max(options_.retry.max_attempts, 1));
-  for (ExtractorEndpoint* e : endpoints_) {
-    threads_.emplace_back([this, e] { FetchLoop(e); });
+  try {
+    for (ExtractorEndpoint* e : endpoints_) {
+      threads_.emplace_back([this, e] { FetchLoop(e); });
+    }
+  } catch (...) {
+    Stop();  // the threads already started must be joined before they are destroyed
+    throw;
   }
 }
 

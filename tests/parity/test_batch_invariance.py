@@ -75,3 +75,25 @@ def test_sequence_states_do_not_depend_on_the_batch(target, dtype, targets, tmp_
                     f"{target} {dtype}: sequence {m} (length {len(pool[m])}) at position "
                     f"{position} of batch {members}: tap {tap} differs from the sequence alone "
                     f"(max abs {(ours[tap].float() - want.float()).abs().max().item():.3e})")
+
+
+def test_padded_layout_groups_by_length_and_stays_within_rounding(targets, tmp_path) -> None:
+    """--batch_layout padded (throughput mode): sequences are grouped by length, every sequence
+    comes back in its place, within fp32 rounding of the sequence alone."""
+    from hf_fixtures import rel_err
+
+    model = targets["dense_sliding"]
+    cfg = json.loads((model / "config.json").read_text())
+    rng = random.Random(SEED + 1)
+    lengths = [130, 1, 64, 2, 65, 9, 130, 3]
+    seqs = [[rng.randrange(cfg["vocab_size"]) for _ in range(n)] for n in lengths]
+    layers = cfg["num_hidden_layers"]
+    padded = extract(model, seqs, "float32", layers, tmp_path / "padded.st",
+                     ("--batch_layout", "padded"))
+    for i, seq in enumerate(seqs):
+        alone = by_sequence(extract(model, [seq], "float32", layers, tmp_path / f"a{i}.st"), 0)
+        ours = by_sequence(padded, i)
+        assert ours.keys() == alone.keys()
+        for tap, want in alone.items():
+            assert ours[tap].shape == want.shape, (i, tap)
+            assert rel_err(ours[tap], want) <= 1e-5, (i, tap)
