@@ -97,10 +97,18 @@ class RssSampler(threading.Thread):
         return out
 
 
+def _is_backpressure(e: Exception) -> bool:
+    code = e.code() if isinstance(e, grpc.RpcError) else getattr(e, "code", None)
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 @dataclass
 class OpStats:
     count: int = 0
     errors: int = 0
+    # RESOURCE_EXHAUSTED: the server's queue or stream slots were full ("retry later"); the
+    # client backs off and tries again, as a real client would. Backpressure, not an error.
+    refused: int = 0
     mismatches: int = 0
     crc_failures: int = 0
     tokens: int = 0
@@ -115,7 +123,8 @@ class OpStats:
         def pct(q: float) -> float | None:
             return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2) if lat else None
 
-        return {"streams": self.count, "errors": self.errors, "mismatches": self.mismatches,
+        return {"streams": self.count, "errors": self.errors, "refused": self.refused,
+                "mismatches": self.mismatches,
                 "crc_failures": self.crc_failures, "tokens": self.tokens,
                 "state_mib": round(self.state_bytes / 2**20, 2), "chunks": self.chunks,
                 "p50_ms": pct(0.50), "p99_ms": pct(0.99), "error_samples": self.error_samples[:5]}
@@ -203,6 +212,7 @@ class Load:
             channel = make_channel(self.args.scorer, [], self.security)
             scorer = spb_grpc.ScorerStub(channel)
         i = index
+        backoff = 0.025  # seconds; doubles while the server refuses, up to 1 s
         try:
             while time.monotonic() < self.deadline:
                 op = ops[i % len(ops)]
@@ -226,10 +236,18 @@ class Load:
                         st.error_samples.append(str(e))
                     continue
                 except (ExtractorError, grpc.RpcError, RuntimeError) as e:
+                    if _is_backpressure(e):
+                        with self.lock:
+                            st.refused += 1
+                        backoff = min(1.0, backoff * 2)
+                        time.sleep(min(backoff * (0.5 + random.random()),
+                                       max(0.0, self.deadline - time.monotonic())))
+                        continue
                     with self.lock:
                         st.errors += 1
                         st.error_samples.append(f"{op}: {e}")
                     continue
+                backoff = 0.025
                 with self.lock:
                     st.count += 1
                     st.latencies.append(time.monotonic() - t0)
@@ -322,6 +340,7 @@ class Load:
             "state_mib_per_s": round(sum(s.state_bytes for s in self.stats.values()) / wall
                                      / 2**20, 2),
             "errors": sum(s.errors for s in self.stats.values()),
+            "refused": sum(s.refused for s in self.stats.values()),
             "mismatches": sum(s.mismatches for s in self.stats.values()),
             "crc_failures": sum(s.crc_failures for s in self.stats.values()),
             "chunks_verified": sum(s.chunks for s in self.stats.values()),

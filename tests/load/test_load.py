@@ -54,8 +54,10 @@ def servers(tmp_path_factory):
     with open(log, "w") as f:
         scorer = subprocess.Popen(
             [str(scorer_exe), f"--extractor={ext.address}", "--listen=127.0.0.1:0",
-             "--metrics_listen=", "--dtype=float32", "--threads=1", "--cache_dir=none",
-             "--max_queue=64"], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             # The scorer's defaults (a queue of 16 jobs), as the README starts it: Score
+             # streams past the queue are refused (RESOURCE_EXHAUSTED) and the clients back off.
+             "--metrics_listen=", "--dtype=float32", "--threads=1", "--cache_dir=none"],
+            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         port = None
@@ -101,6 +103,7 @@ def test_load_n64_with_slow_readers(servers, tmp_path):
     (tmp_path / "load-results.json").write_text(json.dumps(results, indent=1) + "\n")
 
     for r in (small, big):
+        # Refusals (backpressure from full queues) are retried by the clients, not errors.
         assert (r["errors"], r["mismatches"], r["crc_failures"]) == (0, 0, 0), r["ops"]
         assert set(r["ops"]) >= {"extract", "generate", "score"}
         assert all(r["ops"][op]["streams"] > 0 for op in ("extract", "generate", "score"))
