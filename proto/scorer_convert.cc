@@ -5,6 +5,7 @@
 namespace specwire {
 
 void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out) {
+  out->set_trajectory_digest(s.trajectory_digest);
   out->set_prompt_index(static_cast<uint32_t>(s.prompt_index));
   out->set_prompt_tokens(static_cast<uint32_t>(s.acceptance.prompt_tokens));
   out->set_completion_tokens(static_cast<uint32_t>(s.acceptance.completion_tokens));
@@ -23,6 +24,7 @@ PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
   s.acceptance.prompt_tokens = p.prompt_tokens();
   s.acceptance.completion_tokens = p.completion_tokens();
   s.acceptance.step_lengths.assign(p.step_lengths().begin(), p.step_lengths().end());
+  s.trajectory_digest = p.trajectory_digest();
   for (const auto& [budget, lengths] : p.ddtree_step_lengths()) {
     s.acceptance.ddtree_step_lengths[static_cast<int32_t>(budget)].assign(lengths.lengths().begin(),
                                                                           lengths.lengths().end());
@@ -57,10 +59,92 @@ void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
     (*out->mutable_ddtree_tau())[static_cast<uint32_t>(budget)] = tau.first;
     (*out->mutable_ddtree_tau_pooled())[static_cast<uint32_t>(budget)] = tau.second;
   }
+  auto set_interval = [](const std::optional<Interval>& i, v1::Interval* out) {
+    out->set_lo(i->lo);
+    out->set_hi(i->hi);
+  };
+  if (s.tau_mean_of_means_ci) set_interval(s.tau_mean_of_means_ci, out->mutable_tau_mean_of_means_ci());
+  if (s.tau_pooled_ci) set_interval(s.tau_pooled_ci, out->mutable_tau_pooled_ci());
+  for (const auto& [budget, ci] : s.ddtree_tau_ci) {
+    const uint32_t b = static_cast<uint32_t>(budget);
+    if (ci.first) set_interval(ci.first, &(*out->mutable_ddtree_tau_ci())[b]);
+    if (ci.second) set_interval(ci.second, &(*out->mutable_ddtree_tau_pooled_ci())[b]);
+  }
+  for (int64_t v : s.per_position_reached) out->add_per_position_reached(static_cast<uint64_t>(v));
+  out->set_bootstrap_resamples(static_cast<uint32_t>(std::max(0, s.options.bootstrap.resamples)));
+  out->set_bootstrap_seed(s.options.bootstrap.seed);
+  out->set_confidence(s.options.bootstrap.confidence);
+  out->set_token_window(static_cast<uint32_t>(std::max<int64_t>(0, s.options.token_window)));
+  for (const TokenWindow& w : s.windows) {
+    auto* o = out->add_windows();
+    o->set_first_token(static_cast<uint32_t>(w.first_token));
+    o->set_last_token(static_cast<uint32_t>(w.last_token));
+    o->set_responses(static_cast<uint64_t>(w.tau.responses));
+    o->set_steps(static_cast<uint64_t>(w.tau.steps));
+    o->set_tau_mean_of_means(w.tau.mean_of_means);
+    o->set_tau_pooled(w.tau.pooled);
+    if (w.tau.mean_of_means_ci) set_interval(w.tau.mean_of_means_ci, o->mutable_tau_mean_of_means_ci());
+    if (w.tau.pooled_ci) set_interval(w.tau.pooled_ci, o->mutable_tau_pooled_ci());
+  }
+  for (const TemperatureSummary& t : s.temperature) {
+    auto* o = out->add_temperature();
+    o->mutable_setting()->set_temperature(t.setting.temperature);
+    o->mutable_setting()->set_top_p(t.setting.top_p);
+    o->mutable_setting()->set_top_k(static_cast<uint32_t>(std::max(0, t.setting.top_k)));
+    o->set_rule(t.rule);
+    o->set_blocks(static_cast<uint64_t>(t.blocks));
+    o->set_tau_prob(t.tau_prob);
+    if (t.tau_prob_ci) set_interval(t.tau_prob_ci, o->mutable_tau_prob_ci());
+    o->set_tau_prob_pooled(t.tau_prob_pooled);
+    for (double a : t.alpha) o->add_alpha(a);
+    for (int64_t n : t.alpha_blocks) o->add_alpha_blocks(static_cast<uint64_t>(n));
+  }
 }
 
 AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
   AcceptanceSummary s;
+  auto interval = [](bool has, const v1::Interval& i) {
+    return has ? std::optional<Interval>(Interval{i.lo(), i.hi()}) : std::nullopt;
+  };
+  s.tau_mean_of_means_ci = interval(p.has_tau_mean_of_means_ci(), p.tau_mean_of_means_ci());
+  s.tau_pooled_ci = interval(p.has_tau_pooled_ci(), p.tau_pooled_ci());
+  for (const auto& [b, ci] : p.ddtree_tau_ci()) {
+    s.ddtree_tau_ci[static_cast<int32_t>(b)].first = interval(true, ci);
+  }
+  for (const auto& [b, ci] : p.ddtree_tau_pooled_ci()) {
+    s.ddtree_tau_ci[static_cast<int32_t>(b)].second = interval(true, ci);
+  }
+  s.per_position_reached.assign(p.per_position_reached().begin(), p.per_position_reached().end());
+  s.options.bootstrap.resamples = static_cast<int32_t>(p.bootstrap_resamples());
+  s.options.bootstrap.seed = p.bootstrap_seed();
+  if (p.confidence() > 0) s.options.bootstrap.confidence = p.confidence();
+  s.options.token_window = p.token_window();
+  for (const auto& w : p.windows()) {
+    TokenWindow t;
+    t.first_token = w.first_token();
+    t.last_token = w.last_token();
+    t.tau.responses = static_cast<int64_t>(w.responses());
+    t.tau.steps = static_cast<int64_t>(w.steps());
+    t.tau.mean_of_means = w.tau_mean_of_means();
+    t.tau.pooled = w.tau_pooled();
+    t.tau.mean_of_means_ci = interval(w.has_tau_mean_of_means_ci(), w.tau_mean_of_means_ci());
+    t.tau.pooled_ci = interval(w.has_tau_pooled_ci(), w.tau_pooled_ci());
+    s.windows.push_back(t);
+  }
+  for (const auto& x : p.temperature()) {
+    TemperatureSummary t;
+    t.setting.temperature = x.setting().temperature();
+    t.setting.top_p = x.setting().top_p();
+    t.setting.top_k = static_cast<int32_t>(x.setting().top_k());
+    t.rule = x.rule();
+    t.blocks = static_cast<int64_t>(x.blocks());
+    t.tau_prob = x.tau_prob();
+    t.tau_prob_ci = interval(x.has_tau_prob_ci(), x.tau_prob_ci());
+    t.tau_prob_pooled = x.tau_prob_pooled();
+    t.alpha.assign(x.alpha().begin(), x.alpha().end());
+    t.alpha_blocks.assign(x.alpha_blocks().begin(), x.alpha_blocks().end());
+    s.temperature.push_back(t);
+  }
   s.block_size = static_cast<int32_t>(p.block_size());
   s.responses = static_cast<int64_t>(p.responses());
   s.steps = static_cast<int64_t>(p.steps());
@@ -108,6 +192,19 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
   s.add_special_tokens = r.add_special_tokens();
   s.max_prompts = r.max_prompts();
   s.job_id = r.job_id();
+  if (r.has_bootstrap_resamples()) {
+    s.summary.bootstrap.resamples =
+        static_cast<int32_t>(std::min<uint32_t>(r.bootstrap_resamples(), INT32_MAX));
+  }
+  s.summary.bootstrap.seed = r.bootstrap_seed();
+  if (r.has_token_window()) s.summary.token_window = r.token_window();
+  for (const v1::SamplingSetting& x : r.sampling()) {
+    SamplingSetting t;
+    t.temperature = x.temperature();
+    t.top_p = x.top_p() == 0 ? 1.0 : x.top_p();
+    t.top_k = static_cast<int32_t>(std::min<uint32_t>(x.top_k(), INT32_MAX));
+    s.sampling.push_back(t);
+  }
   return s;
 }
 
@@ -124,6 +221,15 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
   out->set_dataset_path(s.dataset_path);
   out->set_max_new_tokens(static_cast<uint32_t>(s.max_new_tokens));
   for (int32_t b : s.ddtree_budgets) out->add_ddtree_budgets(static_cast<uint32_t>(b));
+  out->set_bootstrap_resamples(static_cast<uint32_t>(std::max(0, s.summary.bootstrap.resamples)));
+  out->set_bootstrap_seed(s.summary.bootstrap.seed);
+  out->set_token_window(static_cast<uint32_t>(std::max<int64_t>(0, s.summary.token_window)));
+  for (const SamplingSetting& x : s.sampling) {
+    auto* t = out->add_sampling();
+    t->set_temperature(x.temperature);
+    t->set_top_p(x.top_p);
+    t->set_top_k(static_cast<uint32_t>(std::max(0, x.top_k)));
+  }
   out->set_drafter_label(s.labels.drafter);
   out->set_dataset_label(s.labels.dataset);
   out->set_method_label(s.labels.method);

@@ -14,12 +14,37 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/scorer/statistics.h"
 
 namespace specwire {
+
+// A sampling setting of the target (and of the drafter's q under "draft_distribution").
+struct SamplingSetting {
+  double temperature = 1;  // 0: greedy (one-hot at the argmax)
+  double top_p = 1;        // (0, 1]
+  int32_t top_k = 0;       // 0: every token
+  bool operator==(const SamplingSetting&) const = default;
+};
+
+// The verification rules teacher-forced acceptance can assume.
+inline constexpr const char* kRuleArgmaxDraft = "argmax_draft";
+inline constexpr const char* kRuleDraftDistribution = "draft_distribution";
+
+// One response's teacher-forced acceptance at one setting under one rule (the proto's
+// TemperatureAcceptance says what it means).
+struct SampledAcceptance {
+  SamplingSetting setting;
+  std::string rule;
+  std::vector<double> block_tau;     // τ_prob = 1 + Σ_i Π_{j≤i} α_j per DFlash step
+  std::vector<double> alpha_sum;     // per draft position k = 1..B−1: Σ α over the blocks
+  std::vector<int64_t> alpha_blocks;  //   that drafted it (within the trajectory)
+};
 
 // One response's replay.
 struct ResponseAcceptance {
@@ -28,6 +53,25 @@ struct ResponseAcceptance {
   std::map<int32_t, std::vector<int32_t>> ddtree_step_lengths;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  std::vector<SampledAcceptance> sampled;  // one per (setting, rule) asked for
+};
+
+// Teacher-forced acceptance at one (setting, rule) over the responses.
+struct TemperatureSummary {
+  SamplingSetting setting;
+  std::string rule;
+  int64_t blocks = 0;
+  double tau_prob = 0;         // mean over responses of their mean block τ_prob
+  std::optional<Interval> tau_prob_ci;
+  double tau_prob_pooled = 0;  // mean over all blocks
+  std::vector<double> alpha;   // mean α per draft position (0 where no block drafted it)
+  std::vector<int64_t> alpha_blocks;
+};
+
+// How a summary is computed beyond the counts: its intervals and its token windows.
+struct SummaryOptions {
+  BootstrapOptions bootstrap;
+  int64_t token_window = 64;  // τ by completion-token window of this many tokens; 0: none
 };
 
 struct AcceptanceSummary {
@@ -37,7 +81,9 @@ struct AcceptanceSummary {
   double tau_mean_of_means = 0;  // dflash's τ
   double tau_pooled = 0;
   std::vector<int64_t> histogram;               // index L-1 for length L, size B
-  std::vector<double> per_position_acceptance;  // size B-1, conditional
+  std::vector<double> per_position_acceptance;  // size B-1, conditional (0 where not reached)
+  std::vector<int64_t> per_position_reached;    // size B-1: steps that drafted position k with
+                                                // every earlier one accepted (the denominator)
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
@@ -45,13 +91,23 @@ struct AcceptanceSummary {
   double acceptance_rate = 0;                        // num_accepted_tokens / num_draft_tokens
   // DDTree budget → (τ mean of means, τ pooled).
   std::map<int32_t, std::pair<double, double>> ddtree_tau;
+  // Bootstrap intervals over responses (absent with 0 resamples or no steps).
+  std::optional<Interval> tau_mean_of_means_ci;
+  std::optional<Interval> tau_pooled_ci;
+  std::map<int32_t, std::pair<std::optional<Interval>, std::optional<Interval>>> ddtree_tau_ci;
+  // τ by completion-token window (DFlash steps).
+  std::vector<TokenWindow> windows;
+  // Teacher-forced acceptance at T > 0, per (setting, rule) in the order asked for.
+  std::vector<TemperatureSummary> temperature;
+  SummaryOptions options;  // what the intervals and windows were computed with
 };
 
 // Every step length must lie in [1, block_size] (the replay guarantees it; see
 // ValidateAcceptance for input from elsewhere). Responses without steps (the first completion
 // token was already a stop token) count in `responses` but not in the τ means, as in dflash's
 // benchmark where np.mean of an empty list is nan. Rates with a zero denominator are 0.
-AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, int32_t block_size);
+AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, int32_t block_size,
+                            const SummaryOptions& options = {});
 
 // INVALID_ARGUMENT naming the response, the list (DFlash or DDTree-N) and the step when a step
 // length lies outside [1, block_size] or block_size < 2.
@@ -59,7 +115,12 @@ absl::Status ValidateAcceptance(const std::vector<ResponseAcceptance>& responses
                                 int32_t block_size);
 
 // The summary as one JSON object (keys as the struct's fields; ddtree_tau as
-// {"<budget>": {"tau_mean_of_means": .., "tau_pooled": ..}}).
+// {"<budget>": {"tau_mean_of_means": .., "tau_pooled": .., "..._ci": [lo, hi]}}; an interval as
+// [lo, hi] or null; per_position_acceptance entries null where no step reached the position).
 std::string AcceptanceSummaryToJson(const AcceptanceSummary& summary);
+
+// The same object back (reports compared by specwire-score --compare). INVALID_ARGUMENT naming
+// the key on a malformed document.
+absl::StatusOr<AcceptanceSummary> AcceptanceSummaryFromJson(const std::string& text);
 
 }  // namespace specwire

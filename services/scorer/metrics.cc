@@ -92,14 +92,17 @@ void ScorerMetrics::SetRunning(bool running) { running_.Set(running ? 1 : 0); }
 void ScorerMetrics::PromptScored(const ScoreLabels& labels, const ResponseAcceptance& r,
                                  int32_t block_size, double seconds) {
   // The same arithmetic as the job's summary (acceptance.h), so the counters add up to it.
-  const AcceptanceSummary s = Summarize({r}, block_size);
+  SummaryOptions counts_only;
+  counts_only.bootstrap.resamples = 0;
+  counts_only.token_window = 0;
+  const AcceptanceSummary s = Summarize({r}, block_size, counts_only);
   const auto l = Labels(labels);
   num_drafts_.Add(l).Increment(static_cast<double>(s.num_drafts));
   num_draft_tokens_.Add(l).Increment(static_cast<double>(s.num_draft_tokens));
   num_accepted_tokens_.Add(l).Increment(static_cast<double>(s.num_accepted_tokens));
   for (size_t k = 0; k < s.num_accepted_tokens_per_pos.size(); ++k) {
     auto lp = l;
-    lp["position"] = std::to_string(k);
+    lp["position"] = std::to_string(k + 1);  // draft position, 1-based as in the reports
     num_accepted_tokens_per_pos_.Add(lp).Increment(
         static_cast<double>(s.num_accepted_tokens_per_pos[k]));
   }

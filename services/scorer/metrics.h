@@ -7,8 +7,11 @@
 //   specwire_spec_decode_num_drafts_total                   one per drafting step
 //   specwire_spec_decode_num_draft_tokens_total             steps × (B − 1)
 //   specwire_spec_decode_num_accepted_tokens_total          Σ a (bonus token not counted)
-//   specwire_spec_decode_num_accepted_tokens_per_pos_total  {position="k"}: steps whose a > k,
-//                                                           k = 0..B−2 (0-based as in vLLM)
+//   specwire_spec_decode_num_accepted_tokens_per_pos_total  {position="k"}: steps whose a ≥ k,
+//                                                           k = 1..B−1: the draft position,
+//                                                           1-based as in every report and
+//                                                           specwire_checkpoint_acceptance
+//                                                           (vLLM's list index is k − 1)
 // Gauges (the job in progress, then its final values):
 //   specwire_spec_decode_mean_acceptance_length{kind="mean_of_means"|"pooled"}   τ
 //   specwire_spec_decode_ddtree_mean_acceptance_length{budget="N", kind=...}       DDTree-N τ

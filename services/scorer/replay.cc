@@ -235,6 +235,102 @@ int32_t DDTreeAcceptedTopK(const std::vector<std::vector<float>>& lp,
   return accepted;
 }
 
+at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting) {
+  at::Tensor l = logits.to(at::kCPU, at::kDouble).contiguous();
+  const int64_t V = l.size(0);
+  if (setting.temperature <= 0) {
+    at::Tensor p = at::zeros({V}, l.options());
+    p[l.argmax().item<int64_t>()] = 1.0;
+    return p;
+  }
+  at::Tensor p = at::softmax(l / setting.temperature, 0);
+  const bool top_k = setting.top_k > 0 && setting.top_k < V;
+  if (!top_k && setting.top_p >= 1) return p;
+  // Most likely first, the lower token id first among equals (a stable sort of −p).
+  auto [sorted, order] = at::sort(p.neg(), /*stable=*/true, 0, /*descending=*/false);
+  const double* sp = sorted.data_ptr<double>();
+  const int64_t* so = order.data_ptr<int64_t>();
+  const int64_t k_keep = top_k ? setting.top_k : V;
+  double kept_mass = 0;
+  for (int64_t i = 0; i < k_keep; ++i) kept_mass += -sp[i];
+  at::Tensor out = at::zeros({V}, l.options());
+  double* o = out.data_ptr<double>();
+  double before = 0;  // renormalised mass of the tokens kept so far
+  for (int64_t i = 0; i < k_keep; ++i) {
+    if (i > 0 && before >= setting.top_p) break;
+    o[so[i]] = -sp[i];
+    before += -sp[i] / kept_mass;
+  }
+  return out / out.sum();
+}
+
+std::vector<SampledAcceptance> TeacherForcedAcceptance(
+    BlockDrafter* drafter, const std::vector<int64_t>& traj, const at::Tensor& features,
+    int64_t prompt_len, int64_t max_length, const std::vector<int32_t>& step_lengths,
+    const at::Tensor& final_norm, const at::Tensor& lm_head,
+    const std::vector<SamplingSetting>& settings) {
+  const int64_t T = static_cast<int64_t>(traj.size());
+  const int64_t B = drafter->block_size();
+  if (max_length <= 0) max_length = T;
+  std::vector<SampledAcceptance> out;
+  for (const SamplingSetting& s : settings) {
+    for (const char* rule : {kRuleArgmaxDraft, kRuleDraftDistribution}) {
+      SampledAcceptance a;
+      a.setting = s;
+      a.rule = rule;
+      a.alpha_sum.assign(B - 1, 0.0);
+      a.alpha_blocks.assign(B - 1, 0);
+      out.push_back(std::move(a));
+    }
+  }
+  if (out.empty()) return out;
+  TORCH_CHECK(final_norm.dim() == 2 && final_norm.size(0) == T,
+              "final-norm state: expected [", T, ", H], got ", final_norm.sizes());
+  TORCH_CHECK(lm_head.dim() == 2 && lm_head.size(1) == final_norm.size(1),
+              "lm_head ", lm_head.sizes(), " does not fit the final-norm state ",
+              final_norm.sizes());
+  std::unique_ptr<DraftSession> session = drafter->NewSession(T + B);
+  session->AppendContext(features.narrow(0, 0, prompt_len));
+  int64_t start = prompt_len;
+  for (int32_t produced : step_lengths) {
+    const int64_t len = std::min<int64_t>(B, max_length - start);
+    const int64_t m = std::min<int64_t>(len - 1, T - 2 - start);
+    if (len >= 2 && m >= 1) {
+      at::Tensor draft = session->DraftLogits(traj[start], start, len).to(at::kFloat);  // [len−1, V]
+      at::Tensor target = at::matmul(final_norm.narrow(0, start, m).to(lm_head.scalar_type()),
+                                     lm_head.t())
+                              .to(at::kCPU, at::kFloat);  // [m, V]: tokens start+1 .. start+m
+      std::vector<int64_t> argmax(m);
+      at::Tensor am = draft.narrow(0, 0, m).argmax(-1).to(at::kCPU);
+      for (int64_t k = 0; k < m; ++k) argmax[k] = am[k].item<int64_t>();
+      for (SampledAcceptance& a : out) {
+        double tau = 1, run = 1;
+        for (int64_t k = 0; k < m; ++k) {
+          at::Tensor p = SamplingDistribution(target[k], a.setting);
+          double alpha = 0;
+          if (a.rule == kRuleArgmaxDraft) {
+            alpha = p[argmax[k]].item<double>();
+          } else {
+            at::Tensor q = SamplingDistribution(draft[k], a.setting);
+            alpha = at::minimum(p, q).sum().item<double>();
+          }
+          alpha = std::clamp(alpha, 0.0, 1.0);
+          a.alpha_sum[k] += alpha;
+          ++a.alpha_blocks[k];
+          run *= alpha;
+          tau += run;
+        }
+        a.block_tau.push_back(tau);
+      }
+    } else {
+      for (SampledAcceptance& a : out) a.block_tau.push_back(1.0);
+    }
+    session->AppendContext(features.narrow(0, start, produced));
+    start += produced;
+  }
+  return out;
+}
+
 int32_t DDTreeAccepted(const at::Tensor& log_probs, const std::vector<int64_t>& truth,
                        int32_t budget) {
   if (budget <= 0 || log_probs.size(0) == 0) return 0;

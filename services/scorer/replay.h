@@ -122,6 +122,23 @@ class AcceptanceReplay {
   BlockDrafter* drafter_;
 };
 
+// The sampling distribution of one row of logits [V] (fp32) at a setting: softmax(logits / T),
+// then top-k, then top-p (the smallest set of most likely tokens whose probability reaches top_p,
+// ties by lower token id), renormalised. T = 0: one-hot at the argmax (first index on ties).
+at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting);
+
+// Teacher-forced acceptance (the proto's TemperatureAcceptance) at each setting, both rules, on
+// the blocks of the greedy replay: step i starts where the replay's steps before it end, drafts
+// the block [traj[start], MASK × (len − 1)] on the trajectory's context, and each draft position
+// k ≤ min(len − 1, T − 2 − start) is compared with the target's distribution p_k, computed from
+// the final-norm state of position start + k − 1 and the target's lm_head [V, H]. At T = 0
+// under either rule, block τ_prob equals the replay's step length.
+std::vector<SampledAcceptance> TeacherForcedAcceptance(
+    BlockDrafter* drafter, const std::vector<int64_t>& trajectory, const at::Tensor& features,
+    int64_t prompt_len, int64_t max_length, const std::vector<int32_t>& step_lengths,
+    const at::Tensor& final_norm, const at::Tensor& lm_head,
+    const std::vector<SamplingSetting>& settings);
+
 // DDTree over per-position log-probs [D, V] (rows = draft positions 1..D): returns the number
 // of accepted draft tokens (a) of the best-first tree with at most `budget` non-root nodes, given
 // the trajectory continuation `truth` (truth[i] is the token at draft position i + 1; entries

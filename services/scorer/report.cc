@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -89,10 +91,14 @@ std::string Axes(double y_max, const std::string& y_label, const std::string& x_
 }
 
 struct Bar {
+  Bar(std::string l, double v, std::string t, std::string vl)
+      : label(std::move(l)), value(v), tooltip(std::move(t)), value_label(std::move(vl)) {}
   std::string label;
   double value = 0;
   std::string tooltip;
   std::string value_label;  // printed above the bar when there are few bars
+  std::optional<Interval> ci;  // drawn as a whisker
+  bool no_data = false;        // drawn as a "no data" mark instead of a bar
 };
 
 std::string BarChart(const std::string& id, const std::string& title, const std::vector<Bar>& bars,
@@ -110,9 +116,27 @@ std::string BarChart(const std::string& id, const std::string& title, const std:
     const double h = kPlotH * v / y_max;
     const double x = kLeft + slot * i + (slot - width) / 2;
     const double y = kTop + kPlotH - h;
-    absl::StrAppend(&s, "<rect class=\"bar\" x=\"", Fixed(x, 1), "\" y=\"", Fixed(y, 1),
-                    "\" width=\"", Fixed(width, 1), "\" height=\"", Fixed(h, 1), "\" fill=\"",
-                    color, "\"><title>", HtmlEscape(bars[i].tooltip), "</title></rect>\n");
+    if (bars[i].no_data) {
+      absl::StrAppend(&s, "<text class=\"no-data\" x=\"", Fixed(x + width / 2, 1), "\" y=\"",
+                      kTop + kPlotH - 6, "\" text-anchor=\"middle\" font-size=\"9\" "
+                      "fill=\"#999999\">n/a<title>", HtmlEscape(bars[i].tooltip),
+                      "</title></text>\n");
+    } else {
+      absl::StrAppend(&s, "<rect class=\"bar\" x=\"", Fixed(x, 1), "\" y=\"", Fixed(y, 1),
+                      "\" width=\"", Fixed(width, 1), "\" height=\"", Fixed(h, 1),
+                      "\" fill=\"", color, "\"><title>", HtmlEscape(bars[i].tooltip),
+                      "</title></rect>\n");
+    }
+    if (bars[i].ci) {
+      auto y_of = [&](double v) { return kTop + kPlotH - kPlotH * std::clamp(v, 0.0, y_max) / y_max; };
+      const double cx = x + width / 2, y_lo = y_of(bars[i].ci->lo), y_hi = y_of(bars[i].ci->hi);
+      const double cap = std::min(6.0, width / 3);
+      absl::StrAppend(&s, "<path class=\"ci\" d=\"M", Fixed(cx, 1), " ", Fixed(y_lo, 1), "V",
+                      Fixed(y_hi, 1), "M", Fixed(cx - cap, 1), " ", Fixed(y_lo, 1), "H",
+                      Fixed(cx + cap, 1), "M", Fixed(cx - cap, 1), " ", Fixed(y_hi, 1), "H",
+                      Fixed(cx + cap, 1), "\" stroke=\"#222222\" stroke-width=\"1.2\" "
+                      "fill=\"none\"/>\n");
+    }
     if (bars.size() <= 32 && !bars[i].value_label.empty()) {
       absl::StrAppend(&s, "<text x=\"", Fixed(x + width / 2, 1), "\" y=\"", Fixed(y - 4, 1),
                       "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#444444\">",
@@ -172,19 +196,84 @@ std::string HtmlEscape(const std::string& text) {
   return out;
 }
 
+std::string IntervalText(const std::optional<Interval>& ci, int digits) {
+  if (!ci) return "";
+  return absl::StrCat(" [", Fixed(ci->lo, digits), ", ", Fixed(ci->hi, digits), "]");
+}
+
+std::string SettingsText(const ScoreReport& r) {
+  const AcceptanceSummary& s = r.summary;
+  std::string dtype = r.contract.compute_dtype.empty() ? "?" : r.contract.compute_dtype;
+  if (r.drafter_loaded && !r.drafter.dtype.empty() && r.drafter.dtype != dtype) {
+    absl::StrAppend(&dtype, " target / ", r.drafter.dtype, " drafter");
+  }
+  std::string t = absl::StrCat("max_new_tokens ", r.max_new_tokens, ", block size ", s.block_size,
+                               ", dtype ", dtype, ", ", s.responses, " prompts");
+  if (s.options.bootstrap.resamples > 0) {
+    absl::StrAppend(&t, "; ", Fixed(100 * s.options.bootstrap.confidence, 0),
+                    "% bootstrap intervals over prompts (", s.options.bootstrap.resamples,
+                    " resamples, seed ", s.options.bootstrap.seed, ")");
+  }
+  return t;
+}
+
+CapacityPlan ReportCapacity(const ScoreReport& r) {
+  std::map<int32_t, double> pooled;
+  for (const auto& [b, tau] : r.summary.ddtree_tau) pooled[b] = tau.second;
+  return PlanCapacity(r.summary.steps, r.summary.num_accepted_tokens_per_pos, pooled, r.capacity);
+}
+
 std::string PerPositionSvg(const AcceptanceSummary& s) {
   std::vector<Bar> bars;
   for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
     const int64_t accepted =
         k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0;
-    bars.push_back({std::to_string(k + 1), s.per_position_acceptance[k],
-                    absl::StrCat("position ", k + 1, ": ", Fixed(s.per_position_acceptance[k], 3),
-                                 " (", accepted, " accepted)"),
-                    Fixed(s.per_position_acceptance[k], 2)});
+    const int64_t reached = k < s.per_position_reached.size() ? s.per_position_reached[k] : 0;
+    Bar b{std::to_string(k + 1), s.per_position_acceptance[k],
+          absl::StrCat("position ", k + 1, ": ",
+                       reached ? Fixed(s.per_position_acceptance[k], 3) : "no data", " (",
+                       accepted, " of ", reached, " reached)"),
+          reached ? Fixed(s.per_position_acceptance[k], 2) : ""};
+    b.no_data = reached == 0;
+    bars.push_back(b);
   }
   return BarChart("per-position-acceptance",
                   "Per-position acceptance (conditional on the earlier positions)", bars, 1.0,
                   "P(accepted | earlier accepted)", "draft position", 2, "#4c78a8");
+}
+
+std::string TokenWindowSvg(const AcceptanceSummary& s) {
+  std::vector<Bar> bars;
+  for (const TokenWindow& w : s.windows) {
+    Bar b{absl::StrCat(w.first_token, "-", w.last_token), w.tau.mean_of_means,
+          absl::StrCat("completion tokens ", w.first_token, "-", w.last_token, ": tau ",
+                       w.tau.steps ? Fixed(w.tau.mean_of_means, 3) : "no data",
+                       IntervalText(w.tau.mean_of_means_ci, 3), " over ", w.tau.responses,
+                       " prompts, ", w.tau.steps, " steps"),
+          w.tau.steps ? Fixed(w.tau.mean_of_means, 2) : ""};
+    b.ci = w.tau.mean_of_means_ci;
+    b.no_data = w.tau.steps == 0;
+    bars.push_back(b);
+  }
+  return BarChart("tau-by-token-window", "τ by completion-token window (mean of means, 95% CI)",
+                  bars, std::max(1, s.block_size), "τ (tokens per step)",
+                  "completion tokens (window of the step's first token)", 1, "#72b7b2");
+}
+
+std::string CapacitySvg(const CapacityPlan& plan) {
+  std::vector<Bar> bars;
+  double top = 1;
+  for (const CapacityRow& row : plan.draft_lengths) {
+    bars.push_back({std::to_string(row.k), row.speedup,
+                    absl::StrCat("k = ", row.k, ": ", Fixed(row.expected_tokens, 3),
+                                 " tokens per step, cost ", Fixed(row.step_cost, 3),
+                                 ", speed-up ", Fixed(row.speedup, 3)),
+                    Fixed(row.speedup, 2)});
+    top = std::max(top, row.speedup);
+  }
+  return BarChart("capacity-speedup", "Expected speed-up by draft length k (cost model below)",
+                  bars, std::ceil(top + 0.25), "speed-up over plain decoding",
+                  "draft tokens per step (k)", 1, "#b279a2");
 }
 
 std::string TauHistogramSvg(const AcceptanceSummary& s) {
@@ -270,6 +359,41 @@ std::string ReportToJson(const ScoreReport& r) {
   j["contract"] = json::parse(ContractToJson(r.contract));
   j["drafter"] = DrafterJson(r);
   j["summary"] = json::parse(AcceptanceSummaryToJson(r.summary));
+  j["settings"] = {{"max_new_tokens", r.max_new_tokens},
+                   {"block_size", r.summary.block_size},
+                   {"target_dtype", r.contract.compute_dtype},
+                   {"drafter_dtype", r.drafter_loaded ? r.drafter.dtype : ""},
+                   {"prompts", r.summary.responses},
+                   {"text", SettingsText(r)}};
+  const CapacityPlan plan = ReportCapacity(r);
+  json rows = json::array(), trees = json::array();
+  for (const CapacityRow& row : plan.draft_lengths) {
+    rows.push_back({{"k", row.k},
+                    {"expected_tokens_per_step", row.expected_tokens},
+                    {"step_cost", row.step_cost},
+                    {"speedup", row.speedup}});
+  }
+  for (const CapacityRow& row : plan.tree_budgets) {
+    trees.push_back({{"budget", row.k},
+                     {"expected_tokens_per_step", row.expected_tokens},
+                     {"step_cost", row.step_cost},
+                     {"speedup", row.speedup}});
+  }
+  j["capacity"] = {
+      {"cost_model",
+       {{"drafter_cost", plan.options.drafter_cost},
+        {"verify_cost_per_token", plan.options.verify_cost_per_token},
+        {"autoregressive", plan.options.autoregressive},
+        {"step_cost", "1 + verify_cost_per_token * k + drafter_cost * (autoregressive ? k : 1), "
+                      "in target decode forwards"}}},
+      {"unconditional_acceptance", plan.unconditional},
+      {"draft_lengths", rows},
+      {"tree_budgets", trees},
+      {"recommended_k", plan.recommended_k},
+      {"recommended_speedup", plan.recommended_speedup},
+      {"vllm_speculative_config",
+       plan.recommended_k > 0 ? json::parse(VllmSyntheticConfigJson(plan, plan.recommended_k))
+                              : json(nullptr)}};
   json prompts = json::array();
   for (const PromptScore& p : r.prompts) {
     json dd = json::object();
@@ -279,6 +403,7 @@ std::string ReportToJson(const ScoreReport& r) {
                        {"prompt_tokens", p.acceptance.prompt_tokens},
                        {"completion_tokens", p.acceptance.completion_tokens},
                        {"finish_reason", p.finish_reason},
+                       {"trajectory_digest", p.trajectory_digest},
                        {"tau", p.tau},
                        {"step_lengths", p.acceptance.step_lengths},
                        {"ddtree_step_lengths", dd}});
@@ -297,27 +422,76 @@ std::string SummaryTable(const ScoreReport& r) {
                   " layers, hidden ", r.contract.hidden_size, ", ", r.contract.compute_dtype,
                   ")\n");
   absl::StrAppend(&t, "prompts ", s.responses, ", steps ", s.steps, ", block size ", s.block_size,
-                  "\n\n");
+                  "\n");
+  absl::StrAppend(&t, "settings: ", SettingsText(r), "\n\n");
   auto row = [&](const std::string& name, const std::string& value) {
     std::string padded = name;
     padded.resize(std::max<size_t>(padded.size(), 28), ' ');
     absl::StrAppend(&t, "  ", padded, value, "\n");
   };
-  row("tau (mean of means)", Fixed(s.tau_mean_of_means, 3));
-  row("tau (pooled)", Fixed(s.tau_pooled, 3));
+  row("tau (mean of means)",
+      absl::StrCat(Fixed(s.tau_mean_of_means, 3), IntervalText(s.tau_mean_of_means_ci, 3)));
+  row("tau (pooled)", absl::StrCat(Fixed(s.tau_pooled, 3), IntervalText(s.tau_pooled_ci, 3)));
   for (const auto& [b, tau] : s.ddtree_tau) {
+    auto ci = s.ddtree_tau_ci.find(b);
+    const bool has = ci != s.ddtree_tau_ci.end();
     row(absl::StrCat("DDTree-", b, " tau"),
-        absl::StrCat(Fixed(tau.first, 3), "  (pooled ", Fixed(tau.second, 3), ")"));
+        absl::StrCat(Fixed(tau.first, 3), has ? IntervalText(ci->second.first, 3) : "",
+                     "  (pooled ", Fixed(tau.second, 3),
+                     has ? IntervalText(ci->second.second, 3) : "", ")"));
   }
   row("acceptance rate", absl::StrCat(Fixed(s.acceptance_rate, 4), "  (", s.num_accepted_tokens,
                                       " / ", s.num_draft_tokens, " draft tokens)"));
-  absl::StrAppend(&t, "\n  per-position acceptance (conditional)\n");
+  absl::StrAppend(&t, "\n  per-position acceptance (conditional; accepted / reached)\n");
   for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
+    const int64_t reached = k < s.per_position_reached.size() ? s.per_position_reached[k] : 0;
+    const int64_t accepted =
+        k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0;
+    char line[96];
+    if (reached == 0) {
+      std::snprintf(line, sizeof(line), "    pos %2zu  no data (0 / 0)\n", k + 1);
+      absl::StrAppend(&t, line);
+      continue;
+    }
     const double p = s.per_position_acceptance[k];
     std::string bar(static_cast<size_t>(std::lround(std::clamp(p, 0.0, 1.0) * 40)), '#');
-    char line[64];
-    std::snprintf(line, sizeof(line), "    pos %2zu  %.4f  ", k + 1, p);
+    std::snprintf(line, sizeof(line), "    pos %2zu  %.4f  %-16s", k + 1, p,
+                  absl::StrCat("(", accepted, " / ", reached, ")").c_str());
     absl::StrAppend(&t, line, bar, "\n");
+  }
+  if (!s.windows.empty()) {
+    absl::StrAppend(&t, "\n  tau by completion-token window (step's first token)\n");
+    for (const TokenWindow& w : s.windows) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "    tokens %5lld-%-5lld  ",
+                    static_cast<long long>(w.first_token), static_cast<long long>(w.last_token));
+      absl::StrAppend(&t, line,
+                      w.tau.steps ? absl::StrCat(Fixed(w.tau.mean_of_means, 3),
+                                                 IntervalText(w.tau.mean_of_means_ci, 3))
+                                  : "no data",
+                      "  (", w.tau.responses, " prompts, ", w.tau.steps, " steps)\n");
+    }
+  }
+  if (!s.temperature.empty()) {
+    absl::StrAppend(&t, "\n  teacher-forced acceptance at T > 0 (tau_prob = 1 + sum_i prod_j<=i "
+                        "alpha_j; assumes every position is verified on the trajectory's "
+                        "context)\n");
+    for (const TemperatureSummary& x : s.temperature) {
+      absl::StrAppend(&t, "    T ", Fixed(x.setting.temperature, 2), " top_p ",
+                      Fixed(x.setting.top_p, 2), " top_k ", x.setting.top_k, "  ", x.rule,
+                      ": tau_prob ", Fixed(x.tau_prob, 3), IntervalText(x.tau_prob_ci, 3),
+                      "  (pooled ", Fixed(x.tau_prob_pooled, 3), ", ", x.blocks, " blocks)\n");
+    }
+  }
+  const CapacityPlan plan = ReportCapacity(r);
+  if (plan.recommended_k > 0) {
+    absl::StrAppend(&t, "\n  capacity: recommended k = ", plan.recommended_k, " draft tokens (",
+                    Fixed(plan.draft_lengths[plan.recommended_k - 1].expected_tokens, 3),
+                    " tokens per step, speed-up ", Fixed(plan.recommended_speedup, 3),
+                    " at drafter cost ", Fixed(plan.options.drafter_cost, 3),
+                    ", verify cost per token ", Fixed(plan.options.verify_cost_per_token, 3),
+                    ")\n  vLLM: --speculative-config '",
+                    VllmSyntheticConfigJson(plan, plan.recommended_k), "'\n");
   }
   return t;
 }
@@ -345,26 +519,49 @@ std::string ReportToHtml(const ScoreReport& r) {
     return absl::StrCat("<tr><th>", HtmlEscape(k), "</th><td class=\"num\">", HtmlEscape(v),
                         "</td></tr>\n");
   };
-  absl::StrAppend(&h, "<section id=\"summary\">\n<h2>Summary</h2>\n<table>\n");
-  absl::StrAppend(&h, kv("τ (mean of means)", Fixed(s.tau_mean_of_means, 4)),
-                  kv("τ (pooled)", Fixed(s.tau_pooled, 4)));
+  absl::StrAppend(&h, "<p id=\"settings\"><strong>Settings:</strong> ",
+                  HtmlEscape(SettingsText(r)), "</p>\n");
+  absl::StrAppend(&h, "<section id=\"summary\">\n<h2>Summary</h2>\n<table>\n",
+                  "<tr><th></th><th>value</th><th>95% interval</th></tr>\n");
+  auto kci = [](const std::string& k, const std::string& v, const std::optional<Interval>& ci) {
+    return absl::StrCat("<tr><th>", HtmlEscape(k), "</th><td class=\"num\">", HtmlEscape(v),
+                        "</td><td class=\"num ci\">",
+                        ci ? HtmlEscape(absl::StrCat(Fixed(ci->lo, 4), " – ", Fixed(ci->hi, 4)))
+                           : "",
+                        "</td></tr>\n");
+  };
+  absl::StrAppend(&h, kci("τ (mean of means)", Fixed(s.tau_mean_of_means, 4), s.tau_mean_of_means_ci),
+                  kci("τ (pooled)", Fixed(s.tau_pooled, 4), s.tau_pooled_ci));
   for (const auto& [b, tau] : s.ddtree_tau) {
-    absl::StrAppend(&h, kv(absl::StrCat("DDTree-", b, " τ (mean of means / pooled)"),
-                           absl::StrCat(Fixed(tau.first, 4), " / ", Fixed(tau.second, 4))));
+    auto ci = s.ddtree_tau_ci.find(b);
+    const bool has = ci != s.ddtree_tau_ci.end();
+    absl::StrAppend(&h,
+                    kci(absl::StrCat("DDTree-", b, " τ (mean of means)"), Fixed(tau.first, 4),
+                        has ? ci->second.first : std::nullopt),
+                    kci(absl::StrCat("DDTree-", b, " τ (pooled)"), Fixed(tau.second, 4),
+                        has ? ci->second.second : std::nullopt));
   }
+  for (const TemperatureSummary& x : s.temperature) {
+    absl::StrAppend(&h, kci(absl::StrCat("τ_prob T=", Fixed(x.setting.temperature, 2),
+                                         " top_p=", Fixed(x.setting.top_p, 2), " top_k=",
+                                         x.setting.top_k, " (", x.rule, ")"),
+                            Fixed(x.tau_prob, 4), x.tau_prob_ci));
+  }
+  auto kv3 = [&](const std::string& k, const std::string& v) { return kci(k, v, std::nullopt); };
   absl::StrAppend(
-      &h, kv("responses", std::to_string(s.responses)), kv("steps", std::to_string(s.steps)),
-      kv("block size", std::to_string(s.block_size)),
-      kv("drafts (num_drafts)", std::to_string(s.num_drafts)),
-      kv("draft tokens (num_draft_tokens)", std::to_string(s.num_draft_tokens)),
-      kv("accepted tokens (num_accepted_tokens)", std::to_string(s.num_accepted_tokens)),
-      kv("acceptance rate", Fixed(s.acceptance_rate, 4)),
-      kv("max_new_tokens", std::to_string(r.max_new_tokens)), kv("seconds", Fixed(r.seconds, 2)));
+      &h, kv3("responses", std::to_string(s.responses)), kv3("steps", std::to_string(s.steps)),
+      kv3("block size", std::to_string(s.block_size)),
+      kv3("drafts (num_drafts)", std::to_string(s.num_drafts)),
+      kv3("draft tokens (num_draft_tokens)", std::to_string(s.num_draft_tokens)),
+      kv3("accepted tokens (num_accepted_tokens)", std::to_string(s.num_accepted_tokens)),
+      kv3("acceptance rate", Fixed(s.acceptance_rate, 4)),
+      kv3("max_new_tokens", std::to_string(r.max_new_tokens)),
+      kv3("seconds", Fixed(r.seconds, 2)));
   absl::StrAppend(&h, "</table>\n</section>\n");
 
   absl::StrAppend(&h, "<section id=\"charts\">\n<h2>Charts</h2>\n<figure>\n", PerPositionSvg(s),
                   "<figcaption>P(draft position k accepted | positions &lt; k "
-                  "accepted).</figcaption>\n</figure>\n",
+                  "accepted); n/a: no step reached the position.</figcaption>\n</figure>\n",
                   "<figure>\n", TauHistogramSvg(s),
                   "<figcaption>Steps by committed tokens (accepted drafts + the bonus "
                   "token).</figcaption>\n</figure>\n",
@@ -374,12 +571,105 @@ std::string ReportToHtml(const ScoreReport& r) {
                   "</section>\n");
 
   absl::StrAppend(&h, "<section id=\"per-position\">\n<h2>Per-position acceptance</h2>\n<table>\n",
-                  "<tr><th>position</th><th>conditional acceptance</th><th>accepted "
-                  "(num_accepted_tokens_per_pos)</th></tr>\n");
+                  "<tr><th>draft position</th><th>conditional acceptance</th><th>accepted "
+                  "(num_accepted_tokens_per_pos)</th><th>reached</th><th>P(a ≥ k)</th></tr>\n");
   for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
+    const int64_t reached = k < s.per_position_reached.size() ? s.per_position_reached[k] : 0;
+    const int64_t accepted =
+        k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0;
     absl::StrAppend(&h, "<tr><td class=\"num\">", k + 1, "</td><td class=\"num\">",
-                    Fixed(s.per_position_acceptance[k], 4), "</td><td class=\"num\">",
-                    k < s.num_accepted_tokens_per_pos.size() ? s.num_accepted_tokens_per_pos[k] : 0,
+                    reached ? Fixed(s.per_position_acceptance[k], 4) : "no data",
+                    "</td><td class=\"num\">", accepted, "</td><td class=\"num\">", reached,
+                    "</td><td class=\"num\">",
+                    s.steps ? Fixed(static_cast<double>(accepted) / s.steps, 4) : "no data",
+                    "</td></tr>\n");
+  }
+  absl::StrAppend(&h, "</table>\n</section>\n");
+
+  absl::StrAppend(&h, "<section id=\"token-windows\">\n<h2>τ by completion-token window</h2>\n",
+                  "<p>Later tokens of a completion are easier to draft, so τ depends on the "
+                  "generation length: compare τ at the same window. A step belongs to the window "
+                  "of the first token it commits (token 1 comes from the prefill).</p>\n");
+  if (s.windows.empty()) {
+    absl::StrAppend(&h, "<p>No windows (token_window 0, or no steps).</p>\n");
+  } else {
+    absl::StrAppend(&h, "<figure>\n", TokenWindowSvg(s), "</figure>\n<table>\n",
+                    "<tr><th>tokens</th><th>prompts</th><th>steps</th><th>τ (mean of means)</th>"
+                    "<th>95% interval</th><th>τ (pooled)</th></tr>\n");
+    for (const TokenWindow& w : s.windows) {
+      absl::StrAppend(&h, "<tr><td>", w.first_token, "–", w.last_token, "</td><td class=\"num\">",
+                      w.tau.responses, "</td><td class=\"num\">", w.tau.steps,
+                      "</td><td class=\"num\">", w.tau.steps ? Fixed(w.tau.mean_of_means, 4) : "no data",
+                      "</td><td class=\"num ci\">", HtmlEscape(IntervalText(w.tau.mean_of_means_ci, 4)),
+                      "</td><td class=\"num\">", w.tau.steps ? Fixed(w.tau.pooled, 4) : "no data",
+                      "</td></tr>\n");
+    }
+    absl::StrAppend(&h, "</table>\n");
+  }
+  absl::StrAppend(&h, "</section>\n");
+
+  if (!s.temperature.empty()) {
+    absl::StrAppend(
+        &h, "<section id=\"temperature\">\n<h2>Teacher-forced acceptance at T &gt; 0</h2>\n",
+        "<p>At each step of the greedy replay, α<sub>k</sub> = Σ min(p<sub>k</sub>, "
+        "q<sub>k</sub>) between the target's distribution p at draft position k (final norm + "
+        "lm_head, the sampling setting applied) and the drafter's q; τ_prob = 1 + Σ<sub>i</sub> "
+        "Π<sub>j≤i</sub> α<sub>j</sub>. <strong>Teacher-forced:</strong> every position is "
+        "verified on the trajectory's context, which assumes the sampled path stays on the "
+        "greedy trajectory; the real sampled path differs once a token differs. Rules: "
+        "<code>argmax_draft</code> drafts the argmax with a one-hot q (α = p(x̂), how vLLM "
+        "verifies DFlash v1); <code>draft_distribution</code> uses the drafter's own q at the "
+        "same setting.</p>\n<table>\n<tr><th>T</th><th>top_p</th><th>top_k</th><th>rule</th>"
+        "<th>blocks</th><th>τ_prob</th><th>95% interval</th><th>pooled</th><th>α per "
+        "position</th></tr>\n");
+    for (const TemperatureSummary& x : s.temperature) {
+      std::vector<std::string> alpha;
+      for (size_t k = 0; k < x.alpha.size(); ++k) {
+        alpha.push_back(k < x.alpha_blocks.size() && x.alpha_blocks[k] ? Fixed(x.alpha[k], 3)
+                                                                        : "n/a");
+      }
+      absl::StrAppend(&h, "<tr><td class=\"num\">", Fixed(x.setting.temperature, 2),
+                      "</td><td class=\"num\">", Fixed(x.setting.top_p, 2),
+                      "</td><td class=\"num\">", x.setting.top_k, "</td><td>",
+                      HtmlEscape(x.rule), "</td><td class=\"num\">", x.blocks,
+                      "</td><td class=\"num\">", Fixed(x.tau_prob, 4), "</td><td class=\"num ci\">",
+                      HtmlEscape(IntervalText(x.tau_prob_ci, 4)), "</td><td class=\"num\">",
+                      Fixed(x.tau_prob_pooled, 4), "</td><td class=\"steps\">",
+                      absl::StrJoin(alpha, " "), "</td></tr>\n");
+    }
+    absl::StrAppend(&h, "</table>\n</section>\n");
+  }
+
+  const CapacityPlan plan = ReportCapacity(r);
+  absl::StrAppend(
+      &h, "<section id=\"capacity\">\n<h2>Capacity planning</h2>\n",
+      "<p>Expected tokens per step with k draft tokens: 1 + Σ<sub>i≤k</sub> P(a ≥ i), from the "
+      "per-position counts (assumes the first k drafts are those of the full block). Cost of a "
+      "step in target decode forwards: 1 + ", Fixed(plan.options.verify_cost_per_token, 3),
+      " · k (verification) + ", Fixed(plan.options.drafter_cost, 3),
+      plan.options.autoregressive ? " · k" : "", " (drafting",
+      plan.options.autoregressive ? ", one forward per draft token" : ", one forward per block",
+      "). Set with --plan_drafter_cost, --plan_verify_cost_per_token, "
+      "--plan_autoregressive.</p>\n");
+  if (plan.recommended_k > 0) {
+    absl::StrAppend(&h, "<p id=\"recommendation\"><strong>Recommended k = ", plan.recommended_k,
+                    "</strong> (expected speed-up ", Fixed(plan.recommended_speedup, 3),
+                    "). vLLM's synthetic acceptance mode for it: <code>--speculative-config '",
+                    HtmlEscape(VllmSyntheticConfigJson(plan, plan.recommended_k)),
+                    "'</code></p>\n<figure>\n", CapacitySvg(plan), "</figure>\n");
+  }
+  absl::StrAppend(&h, "<table>\n<tr><th>k</th><th>tokens per step</th><th>step cost</th>"
+                      "<th>speed-up</th></tr>\n");
+  for (const CapacityRow& row : plan.draft_lengths) {
+    absl::StrAppend(&h, "<tr><td class=\"num\">", row.k, "</td><td class=\"num\">",
+                    Fixed(row.expected_tokens, 4), "</td><td class=\"num\">",
+                    Fixed(row.step_cost, 4), "</td><td class=\"num\">", Fixed(row.speedup, 4),
+                    "</td></tr>\n");
+  }
+  for (const CapacityRow& row : plan.tree_budgets) {
+    absl::StrAppend(&h, "<tr><td class=\"num\">DDTree-", row.k, "</td><td class=\"num\">",
+                    Fixed(row.expected_tokens, 4), "</td><td class=\"num\">",
+                    Fixed(row.step_cost, 4), "</td><td class=\"num\">", Fixed(row.speedup, 4),
                     "</td></tr>\n");
   }
   absl::StrAppend(&h, "</table>\n</section>\n");

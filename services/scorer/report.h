@@ -31,6 +31,7 @@ struct ScoreReport {
   DrafterSpec drafter;
   std::vector<PromptScore> prompts;  // by prompt index
   AcceptanceSummary summary;
+  CapacityOptions capacity;  // the cost model of the capacity plan
   double seconds = 0;
   std::string created;  // UTC, ISO 8601
 };
@@ -41,11 +42,20 @@ std::string ReportToHtml(const ScoreReport& report);
 std::string SummaryTable(const ScoreReport& report);
 
 // The charts, each one <svg> element (ids "per-position-acceptance", "tau-histogram",
-// "ddtree-budget-curve").
+// "ddtree-budget-curve", ...).
 std::string PerPositionSvg(const AcceptanceSummary& s);
 std::string TauHistogramSvg(const AcceptanceSummary& s);
 std::string DDTreeCurveSvg(const AcceptanceSummary& s);
+std::string TokenWindowSvg(const AcceptanceSummary& s);  // id "tau-by-token-window"
+std::string CapacitySvg(const CapacityPlan& plan);       // id "capacity-speedup"
 
 std::string HtmlEscape(const std::string& text);
+
+// "τ 4.050 [3.912, 4.187]" pieces: " [lo, hi]" or "" without an interval.
+std::string IntervalText(const std::optional<Interval>& ci, int digits);
+// The settings every headline τ is printed beside: max_new_tokens, block size, dtype, prompts.
+std::string SettingsText(const ScoreReport& report);
+// The capacity plan of a report (statistics.h's PlanCapacity over its summary).
+CapacityPlan ReportCapacity(const ScoreReport& report);
 
 }  // namespace specwire

@@ -52,14 +52,15 @@ ScoreReport SampleReport() {
   return r;
 }
 
-TEST(ReportHtml, SelfContainedWithThreeCharts) {
+TEST(ReportHtml, SelfContainedWithEveryChart) {
   const std::string html = ReportToHtml(SampleReport());
   EXPECT_TRUE(html.starts_with("<!DOCTYPE html>\n<html lang=\"en\">"));
   EXPECT_TRUE(html.ends_with("</html>\n"));
-  EXPECT_EQ(Count(html, "<svg "), 3u);
-  EXPECT_EQ(Count(html, "</svg>"), 3u);
+  EXPECT_EQ(Count(html, "<svg "), 5u);
+  EXPECT_EQ(Count(html, "</svg>"), 5u);
   for (const char* id :
-       {"id=\"per-position-acceptance\"", "id=\"tau-histogram\"", "id=\"ddtree-budget-curve\""}) {
+       {"id=\"per-position-acceptance\"", "id=\"tau-histogram\"", "id=\"ddtree-budget-curve\"",
+        "id=\"tau-by-token-window\"", "id=\"capacity-speedup\""}) {
     EXPECT_EQ(Count(html, id), 1u) << id;
   }
   // Nothing fetched from elsewhere: no scripts, stylesheets, images or links.

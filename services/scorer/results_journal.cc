@@ -30,8 +30,20 @@ json ScoreToJson(const PromptScore& s, const std::string& key) {
   for (const auto& [budget, lengths] : s.acceptance.ddtree_step_lengths) {
     ddtree[std::to_string(budget)] = lengths;
   }
+  json sampled = json::array();
+  for (const SampledAcceptance& a : s.acceptance.sampled) {
+    sampled.push_back({{"temperature", a.setting.temperature},
+                       {"top_p", a.setting.top_p},
+                       {"top_k", a.setting.top_k},
+                       {"rule", a.rule},
+                       {"block_tau", a.block_tau},
+                       {"alpha_sum", a.alpha_sum},
+                       {"alpha_blocks", a.alpha_blocks}});
+  }
   return {{"key", key},
           {"prompt_index", s.prompt_index},
+          {"sampled", sampled},
+          {"trajectory_digest", s.trajectory_digest},
           {"prompt_tokens", s.acceptance.prompt_tokens},
           {"completion_tokens", s.acceptance.completion_tokens},
           {"step_lengths", s.acceptance.step_lengths},
@@ -50,7 +62,21 @@ std::optional<PromptScore> ScoreFromJson(const json& j) {
     for (const auto& [budget, lengths] : j.at("ddtree").items()) {
       s.acceptance.ddtree_step_lengths[std::stoi(budget)] = lengths.get<std::vector<int32_t>>();
     }
+    if (j.contains("sampled")) {
+      for (const json& a : j.at("sampled")) {
+        SampledAcceptance x;
+        x.setting.temperature = a.at("temperature").get<double>();
+        x.setting.top_p = a.at("top_p").get<double>();
+        x.setting.top_k = a.at("top_k").get<int32_t>();
+        x.rule = a.at("rule").get<std::string>();
+        x.block_tau = a.at("block_tau").get<std::vector<double>>();
+        x.alpha_sum = a.at("alpha_sum").get<std::vector<double>>();
+        x.alpha_blocks = a.at("alpha_blocks").get<std::vector<int64_t>>();
+        s.acceptance.sampled.push_back(std::move(x));
+      }
+    }
     s.finish_reason = j.at("finish_reason").get<std::string>();
+    s.trajectory_digest = j.value("trajectory_digest", std::string());
     s.tau = MeanStepLength(s.acceptance.step_lengths);
     s.resumed = true;
     if (s.prompt_index < 0) return std::nullopt;
@@ -178,6 +204,9 @@ std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
   d.UpdateField(drafter.device);
   d.UpdateField(absl::StrCat(spec.max_new_tokens));
   d.UpdateField(absl::StrJoin(spec.ddtree_budgets, ","));
+  for (const SamplingSetting& x : spec.sampling) {
+    d.UpdateField(absl::StrCat("sampling:", x.temperature, ":", x.top_p, ":", x.top_k));
+  }
   d.UpdateField(absl::StrCat(static_cast<int>(wire_dtype)));
   d.UpdateField(absl::StrCat(prompts.size()));
   for (const auto& p : prompts) d.UpdateField(absl::StrJoin(p, ","));

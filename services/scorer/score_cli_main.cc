@@ -43,6 +43,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
+#include "services/scorer/compare.h"
 #include "services/scorer/eval_flags.h"
 #include "services/scorer/report.h"
 #include "services/scorer/runner_flags.h"
@@ -79,6 +80,33 @@ ABSL_FLAG(bool, quiet, false, "No progress on stderr.");
 ABSL_FLAG(std::string, job_id, "",
           "Names the job for resumption ([A-Za-z0-9._-], at most 128). --scorer: default a random "
           "id; a scorer with --results_dir resumes a job submitted again under it.");
+// Statistics of the summary.
+ABSL_FLAG(int32_t, bootstrap_resamples, 1000,
+          "Bootstrap resamples of the 95% intervals over prompts (0: no intervals).");
+ABSL_FLAG(uint64_t, bootstrap_seed, 0, "Seed of the bootstrap resamples (same seed, same intervals).");
+ABSL_FLAG(int64_t, token_window, 64,
+          "Report tau by completion-token window of this many tokens (0: no windows).");
+ABSL_FLAG(std::string, temperature, "",
+          "Teacher-forced acceptance at T > 0: settings \"T[:top_p[:top_k]]\", comma-separated "
+          "(e.g. \"0.6:0.95:20,1.0\"); each reports tau_prob under both verification rules.");
+// Capacity planning (the report's cost model).
+ABSL_FLAG(double, plan_drafter_cost, 0.1,
+          "Capacity plan: one drafter forward, in target decode forwards.");
+ABSL_FLAG(double, plan_verify_cost_per_token, 0.01,
+          "Capacity plan: the extra cost of verifying one more draft token, in target decode "
+          "forwards.");
+ABSL_FLAG(bool, plan_autoregressive, false,
+          "Capacity plan: the drafter runs one forward per draft token (EAGLE-style) rather than "
+          "one per block (DFlash).");
+ABSL_FLAG(std::string, vllm_synthetic_out, "",
+          "Write vLLM's --speculative-config for its synthetic acceptance mode at the recommended "
+          "k (per-position acceptance rates of this drafter) to this file.");
+// Paired comparison.
+ABSL_FLAG(std::string, compare, "",
+          "--compare A B: a paired comparison of two drafters on the same prompts and "
+          "trajectories; A and B are report JSON files (--json_out of earlier runs) or drafter "
+          "directories (scored here with the job flags). Writes the comparison to --json_out / "
+          "--html_out.");
 // Through a scorer.
 ABSL_FLAG(int, scorer_attempts, 5,
           "--scorer: submissions of the job at most when the scorer goes away (UNAVAILABLE); "
@@ -142,6 +170,24 @@ std::string NowUtc() {
   return buf;
 }
 
+// "T[:top_p[:top_k]],...".
+absl::StatusOr<std::vector<SamplingSetting>> ParseSamplingSettings(absl::string_view flag) {
+  std::vector<SamplingSetting> out;
+  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    const std::vector<std::string> parts = absl::StrSplit(item, ':');
+    SamplingSetting x;
+    bool ok = parts.size() <= 3 && absl::SimpleAtod(parts[0], &x.temperature);
+    if (ok && parts.size() > 1) ok = absl::SimpleAtod(parts[1], &x.top_p);
+    if (ok && parts.size() > 2) ok = absl::SimpleAtoi(parts[2], &x.top_k);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--temperature: \"", item, "\" is not T[:top_p[:top_k]] (e.g. 0.7:0.95:20)"));
+    }
+    out.push_back(x);
+  }
+  return out;
+}
+
 absl::StatusOr<ScoreSpec> SpecFromFlags() {
   ScoreSpec s;
   s.drafter_path = absl::GetFlag(FLAGS_drafter);
@@ -195,6 +241,10 @@ absl::StatusOr<ScoreSpec> SpecFromFlags() {
   s.labels.method = absl::GetFlag(FLAGS_method_label);
   s.add_special_tokens = absl::GetFlag(FLAGS_add_special_tokens);
   s.job_id = absl::GetFlag(FLAGS_job_id);
+  s.summary.bootstrap.resamples = absl::GetFlag(FLAGS_bootstrap_resamples);
+  s.summary.bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
+  s.summary.token_window = absl::GetFlag(FLAGS_token_window);
+  SW_ASSIGN_OR_RETURN(s.sampling, ParseSamplingSettings(absl::GetFlag(FLAGS_temperature)));
   return s;
 }
 
@@ -217,6 +267,9 @@ ScoreReport NewReport(const ScoreSpec& spec) {
   r.max_prompts = spec.max_prompts;
   r.ddtree_budgets = spec.ddtree_budgets;
   r.labels = ResolveLabels(spec);
+  r.capacity.drafter_cost = absl::GetFlag(FLAGS_plan_drafter_cost);
+  r.capacity.verify_cost_per_token = absl::GetFlag(FLAGS_plan_verify_cost_per_token);
+  r.capacity.autoregressive = absl::GetFlag(FLAGS_plan_autoregressive);
   return r;
 }
 
@@ -441,15 +494,15 @@ absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& ext
   return absl::OkStatus();
 }
 
-absl::Status Run() {
-  SW_ASSIGN_OR_RETURN(ContinuousEvalOptions eval, ContinuousEvalOptionsFromFlags());
-  SW_ASSIGN_OR_RETURN(ScorerConnection scorer, ScorerConnectionFromFlags());
-  SW_ASSIGN_OR_RETURN(ExtractorConnection extractors, ExtractorConnectionFromFlags({}));
-  if (!eval.watch.dir.empty()) return RunWatch(std::move(eval), extractors);
+// One job (the flags' spec, for `drafter` when given) through the scorer or in-process.
+absl::StatusOr<ScoreReport> ScoreOne(const ScorerConnection& scorer,
+                                     const ExtractorConnection& extractors,
+                                     const std::string& drafter) {
   const bool via_scorer = !scorer.address.empty();
   if (via_scorer == !extractors.address.empty()) {
     return absl::InvalidArgumentError("give exactly one of --scorer and --extractor (see --help)");
   }
+  if (!drafter.empty()) absl::SetFlag(&FLAGS_drafter, drafter);
   SW_ASSIGN_OR_RETURN(ScoreSpec spec, SpecFromFlags());
   if (via_scorer && spec.job_id.empty()) spec.job_id = RandomJobId();
   ScoreReport report = NewReport(spec);
@@ -463,11 +516,70 @@ absl::Status Run() {
   std::sort(
       report.prompts.begin(), report.prompts.end(),
       [](const PromptScore& a, const PromptScore& b) { return a.prompt_index < b.prompt_index; });
+  return report;
+}
+
+// One side of --compare: a report file, or a drafter directory scored now.
+absl::StatusOr<ScoreReport> CompareSide(const std::string& path, const ScorerConnection& scorer,
+                                        const ExtractorConnection& extractors) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    Log(absl::StrCat("--compare: scoring ", path));
+    return ScoreOne(scorer, extractors, path);
+  }
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return ReportFromJson(text, path);
+}
+
+absl::Status RunCompare(const std::vector<std::string>& args, const ScorerConnection& scorer,
+                        const ExtractorConnection& extractors) {
+  if (args.size() != 1) {
+    return absl::InvalidArgumentError(
+        "--compare A B: give two reports or drafter directories (A as the flag's value, B "
+        "after it)");
+  }
+  SW_ASSIGN_OR_RETURN(ScoreReport a, CompareSide(absl::GetFlag(FLAGS_compare), scorer, extractors));
+  SW_ASSIGN_OR_RETURN(ScoreReport b, CompareSide(args[0], scorer, extractors));
+  BootstrapOptions bootstrap;
+  bootstrap.resamples = absl::GetFlag(FLAGS_bootstrap_resamples);
+  bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
+  if (bootstrap.resamples < 0 || bootstrap.resamples > 100000) {
+    return absl::InvalidArgumentError("--bootstrap_resamples: outside [0, 100000]");
+  }
+  SW_ASSIGN_OR_RETURN(ComparisonReport c, CompareReports(std::move(a), std::move(b), bootstrap,
+                                                         absl::GetFlag(FLAGS_token_window)));
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    SW_RETURN_IF_ERROR(WriteFile(absl::GetFlag(FLAGS_json_out), ComparisonToJson(c)));
+  }
+  if (!absl::GetFlag(FLAGS_html_out).empty()) {
+    SW_RETURN_IF_ERROR(WriteFile(absl::GetFlag(FLAGS_html_out), ComparisonToHtml(c)));
+  }
+  std::cout << ComparisonTable(c) << std::flush;
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::vector<std::string>& args) {
+  SW_ASSIGN_OR_RETURN(ContinuousEvalOptions eval, ContinuousEvalOptionsFromFlags());
+  SW_ASSIGN_OR_RETURN(ScorerConnection scorer, ScorerConnectionFromFlags());
+  SW_ASSIGN_OR_RETURN(ExtractorConnection extractors, ExtractorConnectionFromFlags({}));
+  if (!absl::GetFlag(FLAGS_compare).empty()) return RunCompare(args, scorer, extractors);
+  if (!args.empty()) return absl::InvalidArgumentError("unexpected argument " + args[0]);
+  if (!eval.watch.dir.empty()) return RunWatch(std::move(eval), extractors);
+  SW_ASSIGN_OR_RETURN(ScoreReport report, ScoreOne(scorer, extractors, ""));
   if (!absl::GetFlag(FLAGS_json_out).empty()) {
     SW_RETURN_IF_ERROR(WriteFile(absl::GetFlag(FLAGS_json_out), ReportToJson(report)));
   }
   if (!absl::GetFlag(FLAGS_html_out).empty()) {
     SW_RETURN_IF_ERROR(WriteFile(absl::GetFlag(FLAGS_html_out), ReportToHtml(report)));
+  }
+  if (!absl::GetFlag(FLAGS_vllm_synthetic_out).empty()) {
+    const CapacityPlan plan = ReportCapacity(report);
+    if (plan.recommended_k == 0) {
+      return absl::FailedPreconditionError(
+          "--vllm_synthetic_out: no drafting steps were scored, so there are no rates");
+    }
+    SW_RETURN_IF_ERROR(WriteFile(absl::GetFlag(FLAGS_vllm_synthetic_out),
+                                 VllmSyntheticConfigJson(plan, plan.recommended_k) + "\n"));
   }
   std::cout << SummaryTable(report) << std::flush;
   return absl::OkStatus();
@@ -482,10 +594,10 @@ int main(int argc, char** argv) {
       "specwire-score (--scorer ADDR | --extractor ADDR) --drafter DIR (--dataset F | "
       "--prompts_file F | --tokens IDS | --text T) [flags]\n"
       "specwire-score --extractor ADDR --watch_dir DIR --eval_sets SETS [flags]\n"
+      "specwire-score --compare A B [--extractor ADDR | --scorer ADDR] [flags]\n"
       "Scores a DFlash drafter (τ, per-position acceptance, DDTree-N) and writes JSON / HTML "
       "reports; with --watch_dir, every checkpoint appearing in DIR.");
-  absl::Status s =
-      args.empty() ? specwire::Run() : absl::InvalidArgumentError("unexpected argument " + args[0]);
+  absl::Status s = specwire::Run(args);
   if (!s.ok()) {
     std::cerr << "specwire-score: " << s.ToString() << std::endl;
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

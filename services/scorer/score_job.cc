@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/status.h"
 
 namespace specwire {
@@ -89,7 +90,7 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
 
   // 6. The summary, over the prompts in index order.
   SW_RETURN_IF_ERROR(ValidateAcceptance(tally.results(), drafter.block_size));
-  if (events.on_summary) events.on_summary(Summarize(tally.results(), drafter.block_size));
+  if (events.on_summary) events.on_summary(Summarize(tally.results(), drafter.block_size, spec.summary));
   return absl::OkStatus();
 }
 
@@ -145,6 +146,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
   request.target_layer_ids = drafter.target_layer_ids;
   request.num_layers = target.contract.num_layers;
   request.request_id_prefix = absl::StrCat("score-", spec.labels.drafter, "-");
+  request.final_norm = !spec.sampling.empty();
   TrajectoryFetcher fetcher(target.endpoints, std::move(request), options_.fetch, cancelled,
                             options_.log);
 
@@ -154,7 +156,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
     if (!item) continue;
     SW_RETURN_IF_ERROR(item->trajectory.status());
     const Trajectory& trajectory = *item->trajectory;
-    auto replayed = backend_->Replay(trajectory, spec.ddtree_budgets);
+    auto replayed = backend_->Replay(trajectory, spec.ddtree_budgets, spec.sampling);
     if (!replayed.ok()) {
       return Annotate(replayed.status(), absl::StrCat("prompt ", item->index));
     }
@@ -165,6 +167,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
     score.acceptance.completion_tokens =
         static_cast<int64_t>(trajectory.tokens.size()) - score.acceptance.prompt_tokens;
     score.finish_reason = item->finish_reason;
+    score.trajectory_digest = TrajectoryDigest(trajectory.tokens);
     score.tau = MeanStepLength(score.acceptance.step_lengths);
     if (journal != nullptr) SW_RETURN_IF_ERROR(journal->Append(score));
     tally.Record(score);

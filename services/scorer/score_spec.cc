@@ -1,10 +1,13 @@
 #include "services/scorer/score_spec.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "services/scorer/extractor_pool.h"
@@ -13,6 +16,13 @@ namespace specwire {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+std::string TrajectoryDigest(const std::vector<int64_t>& tokens) {
+  ContentDigest d;
+  d.Update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(tokens.data()),
+                                      tokens.size() * sizeof(int64_t)));
+  return d.Hex();
+}
 
 double MeanStepLength(const std::vector<int32_t>& lengths) {
   if (lengths.empty()) return 0;
@@ -52,6 +62,40 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", spec.max_new_tokens,
                                                    " is outside [1, ", o.max_new_tokens,
                                                    "] (--max_new_tokens_limit)"));
+  }
+  const BootstrapOptions& boot = spec.summary.bootstrap;
+  if (boot.resamples < 0 || boot.resamples > o.max_bootstrap_resamples) {
+    return absl::InvalidArgumentError(absl::StrCat("bootstrap_resamples: ", boot.resamples,
+                                                   " is outside [0, ", o.max_bootstrap_resamples,
+                                                   "]"));
+  }
+  if (!(boot.confidence > 0 && boot.confidence < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("confidence: ", boot.confidence, " is not in (0, 1)"));
+  }
+  if (spec.summary.token_window < 0 || spec.summary.token_window > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_window: ", spec.summary.token_window, " is outside [0, 1000000]"));
+  }
+  if (static_cast<int64_t>(spec.sampling.size()) > o.max_sampling_settings) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", spec.sampling.size(),
+                                                   " settings, at most ",
+                                                   o.max_sampling_settings));
+  }
+  for (size_t i = 0; i < spec.sampling.size(); ++i) {
+    const SamplingSetting& x = spec.sampling[i];
+    if (!std::isfinite(x.temperature) || x.temperature < 0 || x.temperature > 100) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling[", i, "].temperature: ",
+                                                     x.temperature, " is outside [0, 100]"));
+    }
+    if (!(x.top_p > 0 && x.top_p <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling[", i, "].top_p: ", x.top_p, " is outside (0, 1]"));
+    }
+    if (x.top_k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling[", i, "].top_k: ", x.top_k, " is negative"));
+    }
   }
   for (size_t i = 0; i < spec.prompts.size(); ++i) {
     if (spec.prompts[i].is_text &&

@@ -39,6 +39,10 @@ struct ScoreSpec {
   // submitted again under the same id and spec skips the prompts it completed before. "": none.
   // At most 128 characters of [A-Za-z0-9._-].
   std::string job_id;
+  // Intervals and token windows of the summary.
+  SummaryOptions summary;
+  // Teacher-forced acceptance at these settings (both rules each); empty: none.
+  std::vector<SamplingSetting> sampling;
 };
 
 // The labels with defaults filled: the drafter directory's name, the dataset file's stem or
@@ -54,6 +58,8 @@ struct ScoreLimits {
   // Bytes of one text prompt (inline or in a dataset) at most: refused before it is queued or
   // sent to an extractor.
   int64_t max_text_bytes = 1 << 20;
+  int64_t max_bootstrap_resamples = 100000;
+  int64_t max_sampling_settings = 8;
   // Paths in a spec (drafter, dataset) must lie under this directory ("" : anywhere).
   std::string data_root;
 };
@@ -66,11 +72,17 @@ struct PromptScore {
   int64_t prompt_index = 0;
   ResponseAcceptance acceptance;  // step lengths (a + 1), DDTree-N step lengths, token counts
   std::string finish_reason;      // "stop_token" | "max_new_tokens"
+  // xxh3-128 of the trajectory's token ids (prompt + completion): two scores are paired only on
+  // the same trajectory (specwire-score --compare, continuous evaluation's regression check).
+  std::string trajectory_digest;
   double tau = 0;                 // mean of the step lengths (0 without steps)
   // Read back from the results journal (scored by an earlier run of the job): reported again,
   // but not counted again in metrics.
   bool resumed = false;
 };
+
+// xxh3-128 of token ids (little-endian int64), "xxh3-128:<hex>".
+std::string TrajectoryDigest(const std::vector<int64_t>& tokens);
 
 // τ of one list of step lengths (0 for none).
 double MeanStepLength(const std::vector<int32_t>& lengths);

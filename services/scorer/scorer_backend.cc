@@ -93,7 +93,8 @@ class TorchScorerBackend : public ScorerBackend {
   }
 
   absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
-                                            const std::vector<int32_t>& budgets) override {
+                                            const std::vector<int32_t>& budgets,
+                                            const std::vector<SamplingSetting>& sampling) override {
     if (!drafter_) return absl::FailedPreconditionError("no drafter loaded");
     if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
     if (!head_on_drafter_) {
@@ -117,6 +118,20 @@ class TorchScorerBackend : public ScorerBackend {
             s.bytes.size(), " bytes), expected [", T, ", ", c.target_hidden_size(), "]"));
       }
     }
+    if (!sampling.empty()) {
+      if (!t.final_norm) {
+        return absl::InvalidArgumentError("trajectory lacks the final-norm state the sampling "
+                                          "settings need");
+      }
+      const FeatureState& f = *t.final_norm;
+      if (f.rows != T || f.hidden != head_lm_.size(1) ||
+          static_cast<int64_t>(f.bytes.size()) !=
+              f.rows * f.hidden * static_cast<int64_t>(DTypeSize(f.dtype))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "final-norm state is [", f.rows, ", ", f.hidden, "] (", f.bytes.size(),
+            " bytes), expected [", T, ", ", head_lm_.size(1), "] (the target's lm_head)"));
+      }
+    }
     ResponseAcceptance out;
     SW_RETURN_IF_ERROR(RunGuarded("acceptance replay", [&]() -> absl::Status {
       std::vector<at::Tensor> parts;
@@ -130,6 +145,14 @@ class TorchScorerBackend : public ScorerBackend {
       options.max_length = t.max_length;
       AcceptanceReplay replay(drafter_.get());
       out = replay.Run(t.tokens, features, t.prompt_len, options);
+      if (!sampling.empty()) {
+        const FeatureState& f = *t.final_norm;
+        at::Tensor normed = Borrow(f.bytes, {f.rows, f.hidden}, f.dtype).to(device_, dtype_);
+        std::unique_ptr<BlockDrafter> block = MakeBlockDrafter(drafter_.get());
+        out.sampled = TeacherForcedAcceptance(block.get(), t.tokens, features, t.prompt_len,
+                                              t.max_length, out.step_lengths, normed, head_lm_,
+                                              sampling);
+      }
       return absl::OkStatus();
     }));
     return out;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ struct Trajectory {
   int64_t max_length = 0;  // prompt_len + max_new_tokens (dflash's max_length)
   // One per drafter target_layer_id, in that order (concatenated → features [T, n × H]).
   std::vector<FeatureState> states;
+  // The final-norm state (HF hidden_states[num_layers]) when the job asks for the target's
+  // distributions (teacher-forced acceptance at T > 0).
+  std::optional<FeatureState> final_norm;
 };
 
 // A target tensor held by someone else (a mapped cache file, a checkpoint, a received buffer);
@@ -82,9 +86,11 @@ class ScorerBackend {
   // Copies the head (converted to the drafter's dtype and device); every drafter gets it at its
   // first Replay (INVALID_ARGUMENT there when the shapes do not fit the drafter).
   virtual absl::Status SetTargetHead(const TargetHead& head) = 0;
-  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head.
-  virtual absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& trajectory,
-                                                    const std::vector<int32_t>& ddtree_budgets) = 0;
+  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head, and the
+  // teacher-forced acceptance at each sampling setting (needs trajectory.final_norm).
+  virtual absl::StatusOr<ResponseAcceptance> Replay(
+      const Trajectory& trajectory, const std::vector<int32_t>& ddtree_budgets,
+      const std::vector<SamplingSetting>& sampling) = 0;
 };
 
 struct TorchScorerOptions {

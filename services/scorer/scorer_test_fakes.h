@@ -163,9 +163,11 @@ class FakeBackend : public ScorerBackend {
     return absl::OkStatus();
   }
   absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
-                                            const std::vector<int32_t>& budgets) override {
+                                            const std::vector<int32_t>& budgets,
+                                            const std::vector<SamplingSetting>& sampling) override {
     ++replays;
     last_states = t.states.size();
+    last_had_final_norm = t.final_norm.has_value();
     ResponseAcceptance r;
     const int64_t B = spec_.block_size, T = static_cast<int64_t>(t.tokens.size());
     auto run = [&](int extra) {
@@ -180,6 +182,18 @@ class FakeBackend : public ScorerBackend {
     };
     r.step_lengths = run(0);
     for (int32_t b : budgets) r.ddtree_step_lengths[b] = run(b > 4 ? 1 : 0);
+    // Teacher-forced stand-in: τ_prob of a block is its greedy length scaled by 1 / (1 + T).
+    for (const SamplingSetting& x : sampling) {
+      for (const char* rule : {kRuleArgmaxDraft, kRuleDraftDistribution}) {
+        SampledAcceptance a;
+        a.setting = x;
+        a.rule = rule;
+        for (int32_t len : r.step_lengths) a.block_tau.push_back(len / (1 + x.temperature));
+        a.alpha_sum.assign(B - 1, 0.5 * static_cast<double>(r.step_lengths.size()));
+        a.alpha_blocks.assign(B - 1, static_cast<int64_t>(r.step_lengths.size()));
+        r.sampled.push_back(a);
+      }
+    }
     return r;
   }
 
@@ -187,6 +201,7 @@ class FakeBackend : public ScorerBackend {
   std::atomic<int> replays{0};
   int heads_set = 0;
   size_t last_states = 0;
+  bool last_had_final_norm = false;
   std::vector<int64_t> head_shape;
   std::byte head_first_byte{0};
   absl::Status load_error;

@@ -134,7 +134,7 @@ TEST(ScorerService, StreamsContractProgressResultsThenSummary) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("specwire_spec_decode_num_accepted_tokens_per_pos_total{dataset=\"unit\","
-                      "drafter=\"tiny\",method=\"dflash\",position=\"0\"}"),
+                      "drafter=\"tiny\",method=\"dflash\",position=\"1\"}"),
             std::string::npos);
   EXPECT_NE(text.find("specwire_spec_decode_mean_acceptance_length{dataset=\"unit\",drafter="
                       "\"tiny\",kind=\"pooled\",method=\"dflash\"}"),

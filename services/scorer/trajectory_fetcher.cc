@@ -26,7 +26,7 @@ RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layer
 
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
                                                const std::vector<int64_t>& ids, int64_t num_layers,
-                                               int64_t max_new_tokens) {
+                                               int64_t max_new_tokens, bool final_norm) {
   if (reply.completions.size() != 1) {
     return absl::InternalError(
         absl::StrCat("expected one completion, got ", reply.completions.size()));
@@ -66,6 +66,31 @@ absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
           absl::StrCat("state ", name, " has ", f.rows, " rows for ", t.tokens.size(), " tokens"));
     }
     t.states.push_back(std::move(f));
+  }
+  if (final_norm) {
+    auto it = by_name.find("final_norm");
+    if (it == by_name.end()) {
+      return absl::DataLossError("Generate reply lacks the state final_norm (for the target's "
+                                 "distributions)");
+    }
+    ReceivedState& s = *it->second;
+    FeatureState f;
+    f.layer_id = num_layers;  // HF hidden_states[num_layers]
+    f.dtype = s.dtype;
+    f.rows = s.rows;
+    f.hidden = s.hidden;
+    if (moved.count("final_norm")) {
+      for (const FeatureState& prev : t.states) {
+        if (prev.layer_id == num_layers - 1) f.bytes = prev.bytes;
+      }
+    } else {
+      f.bytes = std::move(s.bytes);
+    }
+    if (f.rows != static_cast<int64_t>(t.tokens.size())) {
+      return absl::DataLossError(absl::StrCat("state final_norm has ", f.rows, " rows for ",
+                                              t.tokens.size(), " tokens"));
+    }
+    t.final_norm = std::move(f);
   }
   return t;
 }
@@ -213,7 +238,11 @@ TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
       options_(std::move(options)),
       cancelled_(cancelled),
       log_(std::move(log)),
-      states_(DrafterStates(request_.target_layer_ids, request_.num_layers)) {
+      states_([&] {
+        RequestedStates s = DrafterStates(request_.target_layer_ids, request_.num_layers);
+        if (request_.final_norm) s.final_norm = true;
+        return s;
+      }()) {
   const int64_t workers = static_cast<int64_t>(endpoints_.size());
   queue_ = std::make_unique<Queue>(workers *
                                    (1 + std::max<int64_t>(options_.prefetch_per_extractor, 0)));
@@ -287,7 +316,7 @@ void TrajectoryFetcher::FetchLoop(ExtractorEndpoint* e) {
       failures_in_row = 0;
       item.finish_reason = reply->completions.empty() ? "" : reply->completions[0].finish_reason;
       item.trajectory = TrajectoryFromReply(*reply, request_.target_layer_ids, request_.num_layers,
-                                            request_.max_new_tokens);
+                                            request_.max_new_tokens, request_.final_norm);
       if (!item.trajectory.ok()) {
         item.trajectory =
             Annotate(item.trajectory.status(), absl::StrCat("prompt ", i, " (", e->address(), ")"));

@@ -27,10 +27,11 @@ namespace specwire {
 // as the final_norm tap — layer id L − 1 of the extractor is the raw, un-normed output.
 RequestedStates DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers);
 // The trajectory of one Generate reply (one prompt): tokens, prompt length, and the states in
-// target_layer_ids order (moved out of `reply`).
+// target_layer_ids order (moved out of `reply`); with `final_norm`, also the final-norm state.
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
                                                const std::vector<int64_t>& target_layer_ids,
-                                               int64_t num_layers, int64_t max_new_tokens);
+                                               int64_t num_layers, int64_t max_new_tokens,
+                                               bool final_norm = false);
 
 // How trajectories are fetched.
 struct TrajectoryOptions {
@@ -58,6 +59,8 @@ struct TrajectoryRequest {
   std::vector<int64_t> target_layer_ids;  // the drafter's
   int64_t num_layers = 0;                 // the target's
   std::string request_id_prefix;          // "score-<drafter>-"
+  // Also the final-norm state (Trajectory::final_norm), for the target's distributions.
+  bool final_norm = false;
 };
 
 // Fetches a job's trajectories: one thread per extractor, at most

@@ -236,7 +236,7 @@ def test_metrics_show_vllm_counters_with_labels(scorer, first_job):
                         **labels) == s.num_accepted_tokens
     for k, v in enumerate(s.num_accepted_tokens_per_pos):
         assert metric_value(text, "specwire_spec_decode_num_accepted_tokens_per_pos_total",
-                            position=str(k), **labels) == v
+                            position=str(k + 1), **labels) == v
     assert metric_value(text, "specwire_spec_decode_mean_acceptance_length", kind="mean_of_means",
                         **labels) == pytest.approx(s.tau_mean_of_means)
     assert metric_value(text, "specwire_spec_decode_mean_acceptance_length", kind="pooled",
