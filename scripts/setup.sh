@@ -23,6 +23,7 @@ APT_PACKAGES=(
   docker-compose prometheus  # deploy tests: compose and Prometheus config checks, a live Prometheus
   libsqlite3-dev  # the scorer's continuous-evaluation results database
   openssl  # security tests: a CA and certificates made inside the test
+  chromium-headless-shell  # report tests: the HTML reports rendered and screenshotted
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -377,9 +377,9 @@ std::string PairedScatterSvg(const ComparisonReport& c) {
                     "<line x1=\"", Num(X(v), 1), "\" x2=\"", Num(X(v), 1), "\" y1=\"",
                     Num(Y(0), 1), "\" y2=\"", Num(Y(top), 1), "\" stroke=\"#dddddd\"/>\n",
                     "<text x=\"", Num(X(0) - 6, 1), "\" y=\"", Num(Y(v) + 4, 1),
-                    "\" text-anchor=\"end\" font-size=\"11\">", Num(v, 1), "</text>\n",
+                    "\" text-anchor=\"end\" font-size=\"11\">", Num(v, 2), "</text>\n",
                     "<text x=\"", Num(X(v), 1), "\" y=\"", Num(Y(0) + 16, 1),
-                    "\" text-anchor=\"middle\" font-size=\"11\">", Num(v, 1), "</text>\n");
+                    "\" text-anchor=\"middle\" font-size=\"11\">", Num(v, 2), "</text>\n");
   }
   absl::StrAppend(&s, "<line class=\"diagonal\" x1=\"", Num(X(0), 1), "\" y1=\"",
                   Num(Y(0), 1), "\" x2=\"", Num(X(top), 1), "\" y2=\"", Num(Y(top), 1),

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, watch_marker, "",
           "are read.");
 ABSL_FLAG(std::string, baseline_drafter, "",
           "A reference drafter scored once on the eval sets as run \"baseline\", step 0.");
+ABSL_FLAG(int64_t, regression_window_tokens, 64,
+          "Regression check (specwire_checkpoint_delta_tau): compare the latest checkpoint with "
+          "the previous one on the steps in completion tokens [1, N] of identical trajectories.");
 
 namespace specwire {
 
@@ -61,6 +64,10 @@ absl::StatusOr<ContinuousEvalOptions> ContinuousEvalOptionsFromFlags() {
   o.watch.marker = absl::GetFlag(FLAGS_watch_marker);
   o.poll_seconds = std::max(0.05, absl::GetFlag(FLAGS_watch_poll_seconds));
   o.baseline_drafter = absl::GetFlag(FLAGS_baseline_drafter);
+  o.evaluator.regression.window_tokens = absl::GetFlag(FLAGS_regression_window_tokens);
+  if (o.evaluator.regression.window_tokens < 1) {
+    return absl::InvalidArgumentError("--regression_window_tokens: must be at least 1");
+  }
   return o;
 }
 

@@ -103,6 +103,23 @@ absl::StatusOr<AcceptanceSummary> SummaryFromJsonText(const std::string& text) {
   return s;
 }
 
+// The per-prompt steps of a summary column (rows written before they were kept have none).
+absl::StatusOr<std::vector<PromptSteps>> PromptStepsFromJsonText(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  std::vector<PromptSteps> out;
+  if (j.is_discarded() || !j.is_object() || !j.contains("prompt_steps")) return out;
+  try {
+    for (const json& p : j["prompt_steps"]) {
+      out.push_back({p.at("prompt_index").get<int64_t>(),
+                     p.value("trajectory_digest", std::string()),
+                     p.at("step_lengths").get<std::vector<int32_t>>()});
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("results database: prompt_steps: ", e.what()));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ResultsDb>> ResultsDb::Open(const std::string& path) {
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
@@ -146,7 +163,18 @@ absl::Status ResultsDb::Record(const CheckpointResult& r) {
   for (const auto& [budget, tau] : r.summary.ddtree_tau) ddtree[std::to_string(budget)] = tau.first;
   const std::string ddtree_text = ok ? ddtree.dump() : "{}";
   const std::string positions = ok ? json(r.summary.per_position_acceptance).dump() : "[]";
-  const std::string summary = ok ? SummaryToJsonText(r.summary) : "{}";
+  std::string summary = "{}";
+  if (ok) {
+    json j = json::parse(SummaryToJsonText(r.summary));
+    json steps = json::array();
+    for (const PromptSteps& p : r.prompts) {
+      steps.push_back({{"prompt_index", p.prompt_index},
+                       {"trajectory_digest", p.trajectory_digest},
+                       {"step_lengths", p.step_lengths}});
+    }
+    j["prompt_steps"] = steps;
+    summary = j.dump();
+  }
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   Statement st;
   const char* sql =
@@ -220,9 +248,13 @@ absl::StatusOr<std::vector<CheckpointResult>> ResultsDb::Query(
     r.checkpoint_digest = Column(st.s, 7);
     r.fingerprint = Column(st.s, 8);
     if (r.status == "ok") {
-      auto summary = SummaryFromJsonText(Column(st.s, 9));
+      const std::string text = Column(st.s, 9);
+      auto summary = SummaryFromJsonText(text);
       if (!summary.ok()) return summary.status();
       r.summary = *std::move(summary);
+      auto prompts = PromptStepsFromJsonText(text);
+      if (!prompts.ok()) return prompts.status();
+      r.prompts = *std::move(prompts);
     }
     r.started_at = Column(st.s, 10);
     r.finished_at = Column(st.s, 11);

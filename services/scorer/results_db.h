@@ -21,6 +21,15 @@ struct sqlite3;
 
 namespace specwire {
 
+// One prompt's DFlash steps, kept with a result so that two checkpoints can be compared prompt by
+// prompt on the same trajectory (the regression check, training_metrics.h).
+struct PromptSteps {
+  int64_t prompt_index = 0;
+  std::string trajectory_digest;
+  std::vector<int32_t> step_lengths;
+  bool operator==(const PromptSteps&) const = default;
+};
+
 struct CheckpointResult {
   std::string run;
   int64_t step = 0;
@@ -34,6 +43,7 @@ struct CheckpointResult {
   // retried when it changes (the trainer rewrote the directory).
   std::string fingerprint;
   AcceptanceSummary summary;  // for "ok"
+  std::vector<PromptSteps> prompts;  // for "ok", by prompt index (kept in the summary column)
   std::string started_at;     // UTC, ISO 8601
   std::string finished_at;
   // Not stored: true when this row was read back rather than just scored.
@@ -43,6 +53,7 @@ struct CheckpointResult {
 // The summary as JSON (the database column; also the reports).
 std::string SummaryToJsonText(const AcceptanceSummary& s);
 absl::StatusOr<AcceptanceSummary> SummaryFromJsonText(const std::string& text);
+absl::StatusOr<std::vector<PromptSteps>> PromptStepsFromJsonText(const std::string& text);
 
 class ResultsDb {
  public:

@@ -443,13 +443,15 @@ absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& ext
   }
   SW_ASSIGN_OR_RETURN(InProcessScorer scorer, StartInProcess(extractors, ""));
   ScoreRunner* runner = scorer.runner.get();
-  ScoreFn score = [runner](const ScoreSpec& spec) -> absl::StatusOr<AcceptanceSummary> {
+  ScoreFn score = [runner](const ScoreSpec& spec) -> absl::StatusOr<EvalScore> {
     std::optional<AcceptanceSummary> summary;
+    std::vector<PromptScore> prompts;
     ScoreEvents events;
     events.on_summary = [&](const AcceptanceSummary& s) { summary = s; };
+    events.on_prompt = [&](const PromptScore& p) { prompts.push_back(p); };
     SW_RETURN_IF_ERROR(runner->Run(spec, events, g_watch_stop));
     if (!summary) return absl::InternalError("the scoring job ended without a summary");
-    return *summary;
+    return EvalScore{*summary, std::move(prompts)};
   };
   const std::string db_path =
       eval.db_path.empty()

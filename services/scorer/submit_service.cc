@@ -320,7 +320,7 @@ grpc::ServerReadReactor<v1::DrafterUpload>* CheckpointScorerService::SubmitDraft
 namespace specwire {
 
 ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
-  return [worker, metrics](const ScoreSpec& spec) -> absl::StatusOr<AcceptanceSummary> {
+  return [worker, metrics](const ScoreSpec& spec) -> absl::StatusOr<EvalScore> {
     auto job = std::make_shared<ScoreJob>();
     job->spec = spec;
     // The events run on the worker thread; the result is handed over through `done`.
@@ -328,6 +328,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
       ScoreLabels labels;
       int32_t block_size = 0;
       std::optional<AcceptanceSummary> summary;
+      std::vector<PromptScore> prompts;
       std::mutex mu;
       std::condition_variable cv;
       bool finished = false;
@@ -342,6 +343,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
       if (metrics != nullptr) metrics->Progress(state->labels, p);
     };
     job->events.on_prompt = [state, metrics](const PromptScore& s) {
+      state->prompts.push_back(s);
       if (metrics != nullptr) {
         metrics->PromptScored(state->labels, s.acceptance, state->block_size, 0);
       }
@@ -361,7 +363,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
     state->cv.wait(lock, [&] { return state->finished; });
     SW_RETURN_IF_ERROR(state->status);
     if (!state->summary) return absl::InternalError("the scoring job ended without a summary");
-    return *state->summary;
+    return EvalScore{*state->summary, std::move(state->prompts)};
   };
 }
 
@@ -393,7 +395,8 @@ absl::StatusOr<std::unique_ptr<ContinuousEval>> ContinuousEval::Start(Continuous
     }
   }
   SW_ASSIGN_OR_RETURN(e->db_, ResultsDb::Open(config.db_path));
-  e->training_metrics_ = std::make_unique<TrainingMetrics>(metrics->registry());
+  e->training_metrics_ = std::make_unique<TrainingMetrics>(metrics->registry(),
+                                                           config.evaluator.regression);
   config.evaluator.eval_sets = config.eval_sets;
   auto log = config.evaluator.log;
   e->evaluator_ =

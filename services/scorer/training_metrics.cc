@@ -4,7 +4,8 @@
 
 namespace specwire {
 
-TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry)
+TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
+                                 RegressionOptions regression)
     : registry_(std::move(registry)),
       tau_(prometheus::BuildGauge()
                .Name("specwire_checkpoint_tau")
@@ -46,6 +47,18 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry)
                              .Help("Conditional per-position acceptance at the latest step of "
                                    "a run.")
                              .Register(*registry_)),
+      delta_tau_(prometheus::BuildGauge()
+                     .Name("specwire_checkpoint_delta_tau")
+                     .Help("Paired Δτ = latest − previous checkpoint of a run on one eval set "
+                           "(mean of means over the prompts with identical trajectories, steps "
+                           "in the first window_tokens completion tokens); bound: estimate, lo, "
+                           "hi of its bootstrap interval.")
+                     .Register(*registry_)),
+      delta_prompts_(prometheus::BuildGauge()
+                         .Name("specwire_checkpoint_delta_tau_prompts")
+                         .Help("Prompts paired in specwire_checkpoint_delta_tau.")
+                         .Register(*registry_)),
+      regression_(regression),
       evaluations_(prometheus::BuildCounter()
                        .Name("specwire_checkpoint_evaluations_total")
                        .Help("Checkpoint scorings done by this process (one per checkpoint and "
@@ -56,6 +69,28 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry)
                  .Help("Scans of the watched checkpoint directory.")
                  .Register(*registry_)
                  .Add({})) {}
+
+PairedComparison RegressionCheck(const CheckpointResult& previous, const CheckpointResult& latest,
+                                 const RegressionOptions& options) {
+  std::map<int64_t, const PromptSteps*> by_index;
+  for (const PromptSteps& p : latest.prompts) by_index[p.prompt_index] = &p;
+  std::vector<std::vector<int32_t>> a, b;
+  for (const PromptSteps& p : previous.prompts) {
+    auto it = by_index.find(p.prompt_index);
+    if (it == by_index.end() || p.trajectory_digest.empty() ||
+        p.trajectory_digest != it->second->trajectory_digest) {
+      continue;
+    }
+    a.push_back(StepsInTokenWindow(p.step_lengths, 1, options.window_tokens));
+    b.push_back(StepsInTokenWindow(it->second->step_lengths, 1, options.window_tokens));
+  }
+  std::vector<const std::vector<int32_t>*> va, vb;
+  for (size_t i = 0; i < a.size(); ++i) {
+    va.push_back(&a[i]);
+    vb.push_back(&b[i]);
+  }
+  return ComparePaired(va, vb, options.bootstrap);
+}
 
 void TrainingMetrics::WatchPolled() { polls_.Increment(); }
 
@@ -85,7 +120,7 @@ void TrainingMetrics::Record(const CheckpointResult& r, bool fresh) {
     acceptance_.Add(with("position", std::to_string(k + 1)))
         .Set(r.summary.per_position_acceptance[k]);
   }
-  ok_[{r.run, r.dataset}][r.step] = r.summary;
+  ok_[{r.run, r.dataset}][r.step] = r;
   UpdateLatest(r.run, r.dataset);
 }
 
@@ -105,7 +140,7 @@ void TrainingMetrics::UpdateLatest(const std::string& run, const std::string& da
     labels[name] = value;
     return labels;
   };
-  const AcceptanceSummary& latest = steps.rbegin()->second;
+  const AcceptanceSummary& latest = steps.rbegin()->second.summary;
   latest_tau_.Add(with("kind", "mean_of_means")).Set(latest.tau_mean_of_means);
   latest_tau_.Add(with("kind", "pooled")).Set(latest.tau_pooled);
   for (const auto& [budget, tau] : latest.ddtree_tau) {
@@ -116,9 +151,24 @@ void TrainingMetrics::UpdateLatest(const std::string& run, const std::string& da
         .Set(latest.per_position_acceptance[k]);
   }
   if (steps.size() >= 2) {
-    const AcceptanceSummary& previous = std::next(steps.rbegin())->second;
+    const CheckpointResult& previous_row = std::next(steps.rbegin())->second;
+    const AcceptanceSummary& previous = previous_row.summary;
     previous_tau_.Add(with("kind", "mean_of_means")).Set(previous.tau_mean_of_means);
     previous_tau_.Add(with("kind", "pooled")).Set(previous.tau_pooled);
+    const PairedComparison d =
+        RegressionCheck(previous_row, steps.rbegin()->second, regression_);
+    for (const char* bound : {"estimate", "lo", "hi"}) {
+      auto labels = with("bound", bound);
+      if (d.prompts == 0 || (!d.delta_ci && std::string(bound) != "estimate")) {
+        if (delta_tau_.Has(labels)) delta_tau_.Remove(&delta_tau_.Add(labels));
+        continue;
+      }
+      const double v = std::string(bound) == "estimate" ? d.delta
+                       : std::string(bound) == "lo"     ? d.delta_ci->lo
+                                                        : d.delta_ci->hi;
+      delta_tau_.Add(labels).Set(v);
+    }
+    delta_prompts_.Add(key).Set(static_cast<double>(d.prompts));
   }
 }
 

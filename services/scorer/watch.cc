@@ -263,11 +263,18 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
     r.started_at = UtcNow();
     Log(absl::StrCat("scoring run ", c.run, " step ", c.step, " (", c.dir, ") on eval set ",
                      set.label));
-    absl::StatusOr<AcceptanceSummary> summary = score_(spec);
+    absl::StatusOr<EvalScore> summary = score_(spec);
     r.finished_at = UtcNow();
     if (summary.ok()) {
       r.status = "ok";
-      r.summary = *std::move(summary);
+      r.summary = std::move(summary->summary);
+      for (const PromptScore& p : summary->prompts) {
+        r.prompts.push_back({p.prompt_index, p.trajectory_digest, p.acceptance.step_lengths});
+      }
+      std::sort(r.prompts.begin(), r.prompts.end(),
+                [](const PromptSteps& a, const PromptSteps& b) {
+                  return a.prompt_index < b.prompt_index;
+                });
       Log(absl::StrCat("run ", c.run, " step ", c.step, " eval set ", set.label, ": tau ",
                        r.summary.tau_mean_of_means, " (pooled ", r.summary.tau_pooled, ")"));
     } else if (IsCheckpointError(summary.status())) {

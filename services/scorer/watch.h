@@ -64,15 +64,22 @@ absl::StatusOr<std::string> CheckpointDigest(const std::string& dir);
 // xxh3-128 of one file ("xxh3-128:<hex>", as ContentDigest).
 absl::StatusOr<std::string> FileDigest(const std::string& path);
 
-// Scores one drafter directory on one eval set and returns the summary (the service runs it on
-// its ScoreWorker, the CLI on its own ScoreRunner).
-using ScoreFn = std::function<absl::StatusOr<AcceptanceSummary>(const ScoreSpec&)>;
+// What scoring one eval set gives: the summary and each prompt's steps.
+struct EvalScore {
+  AcceptanceSummary summary;
+  std::vector<PromptScore> prompts;
+};
+
+// Scores one drafter directory on one eval set (the service runs it on its ScoreWorker, the CLI
+// on its own ScoreRunner).
+using ScoreFn = std::function<absl::StatusOr<EvalScore>(const ScoreSpec&)>;
 
 struct EvaluatorOptions {
   std::vector<EvalSet> eval_sets;
   int64_t max_prompts = 0;  // per eval set, 0: all
   int64_t max_new_tokens = 256;
   std::vector<int32_t> ddtree_budgets = {8};
+  RegressionOptions regression;  // the latest-vs-previous check (training_metrics.h)
   std::function<void(const std::string&)> log;
 };
 

@@ -152,7 +152,7 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
   ASSERT_TRUE(db.ok());
   std::map<std::string, int> calls;  // drafter dir + dataset → scorings
   absl::Status next_error;
-  ScoreFn score = [&](const ScoreSpec& spec) -> absl::StatusOr<AcceptanceSummary> {
+  ScoreFn score = [&](const ScoreSpec& spec) -> absl::StatusOr<EvalScore> {
     if (!next_error.ok()) {
       absl::Status e = next_error;
       next_error = absl::OkStatus();
@@ -162,7 +162,7 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
     if (fs::path(spec.drafter_path).filename() == "checkpoint-3") {
       return absl::FailedPreconditionError("vocab_size: drafter expects 9, extractor serves 8");
     }
-    return FakeSummary(1.0 + calls.size() * 0.1);
+    return EvalScore{FakeSummary(1.0 + calls.size() * 0.1), {}};
   };
   EvaluatorOptions eo;
   eo.eval_sets = {{"a", "a.jsonl"}, {"b", "b.jsonl"}};
@@ -269,6 +269,76 @@ TEST(WatchTest, LatestAndPreviousFollowTheStepOrder) {
   EXPECT_TRUE(std::isnan(GaugeValue(*registry, "specwire_checkpoint_failed", key)));
   EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_latest_tau", mm), 1.0);
   EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_previous_tau", mm), 3.0);
+}
+
+// The regression check pairs prompts by trajectory, looks only at the fixed token window, and
+// its gauge goes away when nothing pairs (which the alert rules treat as an alert of its own).
+TEST(WatchTest, RegressionCheckIsPairedOnAFixedWindow) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  RegressionOptions o;
+  o.window_tokens = 8;
+  TrainingMetrics metrics(registry, o);
+  auto row = [](int64_t step, std::vector<std::vector<int32_t>> steps, const std::string& tag) {
+    CheckpointResult r;
+    r.run = "r1";
+    r.step = step;
+    r.dataset = "chat";
+    r.status = "ok";
+    r.summary = FakeSummary(2.0);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      r.prompts.push_back({static_cast<int64_t>(i), tag + std::to_string(i), steps[i]});
+    }
+    return r;
+  };
+  // A step belongs to the window of its first token (the first step starts at token 2): in
+  // [1, 8] the base drafter's steps average 2, 2 and 4 on the three prompts.
+  const auto base = row(10, {{2, 2, 2, 2, 5, 5}, {1, 1, 3, 3}, {4, 4, 4}}, "t");
+  // Worse inside the window on every prompt (1 per step); much better after it (a longer
+  // generation would show that, the window keeps it out).
+  const std::vector<int32_t> late{1, 1, 1, 1, 1, 1, 1, 16, 16};
+  const auto worse = row(20, {late, late, late}, "t");
+  const PairedComparison d = RegressionCheck(base, worse, o);
+  EXPECT_EQ(d.prompts, 3);
+  EXPECT_LT(d.delta, 0);
+  ASSERT_TRUE(d.delta_ci);
+  EXPECT_LT(d.delta_ci->hi, 0);
+  metrics.Record(base, true);
+  const std::map<std::string, std::string> hi = {
+      {"run", "r1"}, {"dataset", "chat"}, {"bound", "hi"}};
+  EXPECT_TRUE(std::isnan(GaugeValue(*registry, "specwire_checkpoint_delta_tau", hi)));
+  metrics.Record(worse, true);
+  EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_delta_tau", hi), d.delta_ci->hi);
+  EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_delta_tau",
+                       {{"run", "r1"}, {"dataset", "chat"}, {"bound", "estimate"}}),
+            d.delta);
+  EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_delta_tau_prompts",
+                       {{"run", "r1"}, {"dataset", "chat"}}),
+            3);
+  // Other trajectories (another target or generation settings): nothing pairs, no gauge.
+  metrics.Record(row(30, {{2, 2}, {2, 2}, {2, 2}}, "other"), true);
+  EXPECT_TRUE(std::isnan(GaugeValue(*registry, "specwire_checkpoint_delta_tau", hi)));
+  EXPECT_EQ(GaugeValue(*registry, "specwire_checkpoint_delta_tau_prompts",
+                       {{"run", "r1"}, {"dataset", "chat"}}),
+            0);
+}
+
+TEST(WatchTest, PromptStepsSurviveTheDatabase) {
+  const fs::path root = fs::temp_directory_path() / "specwire_watch_prompt_steps";
+  fs::remove_all(root);
+  auto db = ResultsDb::Open((root / "eval.sqlite").string());
+  ASSERT_TRUE(db.ok());
+  CheckpointResult r;
+  r.run = "r";
+  r.step = 1;
+  r.dataset = "d";
+  r.status = "ok";
+  r.summary = FakeSummary(2.0);
+  r.prompts = {{0, "xxh3-128:a", {1, 2, 3}}, {2, "xxh3-128:b", {}}};
+  ASSERT_TRUE((*db)->Record(r).ok());
+  auto back = (*db)->Find("r", 1, "d");
+  ASSERT_TRUE(back.ok() && back->has_value());
+  EXPECT_EQ((*back)->prompts, r.prompts);
+  fs::remove_all(root);
 }
 
 }  // namespace

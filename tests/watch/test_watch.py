@@ -386,7 +386,7 @@ scrape_configs:
         assert not empty
         with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=5) as r:
             groups = json.loads(r.read())["data"]["groups"]
-        assert any(rule["name"] == "SpecwireDrafterTauDropped"
+        assert any(rule["name"] == "SpecwireDrafterTauRegressed"
                    for g in groups for rule in g["rules"])
     finally:
         proc.terminate()
