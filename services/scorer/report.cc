@@ -589,7 +589,9 @@ std::string ReportToHtml(const ScoreReport& r) {
   absl::StrAppend(&h, "<section id=\"token-windows\">\n<h2>τ by completion-token window</h2>\n",
                   "<p>Later tokens of a completion are easier to draft, so τ depends on the "
                   "generation length: compare τ at the same window. A step belongs to the window "
-                  "of the first token it commits (token 1 comes from the prefill).</p>\n");
+                  "of the first token it commits (token 1 comes from the prefill). The last "
+                  "window of a generation also holds the steps max_new_tokens cut short: compare "
+                  "windows that end a block or more before it.</p>\n");
   if (s.windows.empty()) {
     absl::StrAppend(&h, "<p>No windows (token_window 0, or no steps).</p>\n");
   } else {

@@ -112,7 +112,9 @@ absl::StatusOr<std::vector<PromptSteps>> PromptStepsFromJsonText(const std::stri
     for (const json& p : j["prompt_steps"]) {
       out.push_back({p.at("prompt_index").get<int64_t>(),
                      p.value("trajectory_digest", std::string()),
-                     p.at("step_lengths").get<std::vector<int32_t>>()});
+                     p.at("step_lengths").get<std::vector<int32_t>>(),
+                     p.value("prompt_tokens", int64_t{0}),
+                     p.value("trajectory", std::vector<int64_t>{})});
     }
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat("results database: prompt_steps: ", e.what()));
@@ -170,7 +172,9 @@ absl::Status ResultsDb::Record(const CheckpointResult& r) {
     for (const PromptSteps& p : r.prompts) {
       steps.push_back({{"prompt_index", p.prompt_index},
                        {"trajectory_digest", p.trajectory_digest},
-                       {"step_lengths", p.step_lengths}});
+                       {"step_lengths", p.step_lengths},
+                       {"prompt_tokens", p.prompt_tokens},
+                       {"trajectory", p.trajectory}});
     }
     j["prompt_steps"] = steps;
     summary = j.dump();

@@ -27,6 +27,8 @@ struct PromptSteps {
   int64_t prompt_index = 0;
   std::string trajectory_digest;
   std::vector<int32_t> step_lengths;
+  int64_t prompt_tokens = 0;
+  std::vector<int64_t> trajectory;  // prompt + completion token ids
   bool operator==(const PromptSteps&) const = default;
 };
 

@@ -168,6 +168,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
         static_cast<int64_t>(trajectory.tokens.size()) - score.acceptance.prompt_tokens;
     score.finish_reason = item->finish_reason;
     score.trajectory_digest = TrajectoryDigest(trajectory.tokens);
+    score.trajectory = trajectory.tokens;
     score.tau = MeanStepLength(score.acceptance.step_lengths);
     if (journal != nullptr) SW_RETURN_IF_ERROR(journal->Append(score));
     tally.Record(score);

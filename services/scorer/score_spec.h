@@ -75,6 +75,9 @@ struct PromptScore {
   // xxh3-128 of the trajectory's token ids (prompt + completion): two scores are paired only on
   // the same trajectory (specwire-score --compare, continuous evaluation's regression check).
   std::string trajectory_digest;
+  // The trajectory itself (prompt + completion token ids), in-process only (not sent, not
+  // journaled): continuous evaluation keeps it to pair checkpoints on a common prefix.
+  std::vector<int64_t> trajectory;
   double tau = 0;                 // mean of the step lengths (0 without steps)
   // Read back from the results journal (scored by an earlier run of the job): reported again,
   // but not counted again in metrics.

@@ -74,13 +74,22 @@ PairedComparison RegressionCheck(const CheckpointResult& previous, const Checkpo
                                  const RegressionOptions& options) {
   std::map<int64_t, const PromptSteps*> by_index;
   for (const PromptSteps& p : latest.prompts) by_index[p.prompt_index] = &p;
+  const int64_t block = std::max(previous.summary.block_size, latest.summary.block_size);
   std::vector<std::vector<int32_t>> a, b;
   for (const PromptSteps& p : previous.prompts) {
     auto it = by_index.find(p.prompt_index);
-    if (it == by_index.end() || p.trajectory_digest.empty() ||
-        p.trajectory_digest != it->second->trajectory_digest) {
-      continue;
-    }
+    if (it == by_index.end()) continue;
+    const PromptSteps& q = *it->second;
+    const bool same = !p.trajectory_digest.empty() && p.trajectory_digest == q.trajectory_digest;
+    // Different generation lengths: the steps that start in the window see the same context and
+    // the same truth, and are not cut by either end, when both trajectories agree on (and
+    // reach) the prompt, the window and one block more.
+    const size_t need = static_cast<size_t>(p.prompt_tokens + options.window_tokens + block + 1);
+    const bool same_prefix = p.prompt_tokens > 0 && p.prompt_tokens == q.prompt_tokens &&
+                             p.trajectory.size() >= need && q.trajectory.size() >= need &&
+                             std::equal(p.trajectory.begin(), p.trajectory.begin() + need,
+                                        q.trajectory.begin());
+    if (!same && !same_prefix) continue;
     a.push_back(StepsInTokenWindow(p.step_lengths, 1, options.window_tokens));
     b.push_back(StepsInTokenWindow(it->second->step_lengths, 1, options.window_tokens));
   }

@@ -269,7 +269,8 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
       r.status = "ok";
       r.summary = std::move(summary->summary);
       for (const PromptScore& p : summary->prompts) {
-        r.prompts.push_back({p.prompt_index, p.trajectory_digest, p.acceptance.step_lengths});
+        r.prompts.push_back({p.prompt_index, p.trajectory_digest, p.acceptance.step_lengths,
+                             p.acceptance.prompt_tokens, p.trajectory});
       }
       std::sort(r.prompts.begin(), r.prompts.end(),
                 [](const PromptSteps& a, const PromptSteps& b) {

@@ -286,7 +286,7 @@ TEST(WatchTest, RegressionCheckIsPairedOnAFixedWindow) {
     r.status = "ok";
     r.summary = FakeSummary(2.0);
     for (size_t i = 0; i < steps.size(); ++i) {
-      r.prompts.push_back({static_cast<int64_t>(i), tag + std::to_string(i), steps[i]});
+      r.prompts.push_back({static_cast<int64_t>(i), tag + std::to_string(i), steps[i], 0, {}});
     }
     return r;
   };
@@ -322,6 +322,33 @@ TEST(WatchTest, RegressionCheckIsPairedOnAFixedWindow) {
             0);
 }
 
+// A longer generation (another max_new_tokens) changes the digest but not the prefix the window
+// depends on: the prompts still pair; a prefix that differs inside the window does not.
+TEST(WatchTest, RegressionCheckPairsAcrossGenerationLengths) {
+  RegressionOptions o;
+  o.window_tokens = 8;
+  auto row = [](std::vector<int64_t> traj, std::vector<int32_t> steps) {
+    CheckpointResult r;
+    r.status = "ok";
+    r.summary = FakeSummary(2.0);  // block size 4
+    r.prompts.push_back({0, TrajectoryDigest(traj), steps, 3, traj});
+    return r;
+  };
+  std::vector<int64_t> long_traj(40), short_traj;
+  for (int i = 0; i < 40; ++i) long_traj[i] = i % 7;
+  short_traj.assign(long_traj.begin(), long_traj.begin() + 3 + 8 + 4 + 1);  // just enough
+  const auto previous = row(long_traj, {2, 2, 2, 2, 4, 4});
+  const auto latest = row(short_traj, {1, 1, 1, 1, 1, 1, 1});
+  PairedComparison d = RegressionCheck(previous, latest, o);
+  EXPECT_EQ(d.prompts, 1);
+  EXPECT_DOUBLE_EQ(d.delta, 1.0 - 2.0);
+  short_traj.pop_back();  // one token short of the window + a block: cannot be trusted
+  EXPECT_EQ(RegressionCheck(previous, row(short_traj, {1, 1, 1}), o).prompts, 0);
+  std::vector<int64_t> other = long_traj;
+  other[6] = 99;  // differs inside the window
+  EXPECT_EQ(RegressionCheck(previous, row(other, {1, 1, 1}), o).prompts, 0);
+}
+
 TEST(WatchTest, PromptStepsSurviveTheDatabase) {
   const fs::path root = fs::temp_directory_path() / "specwire_watch_prompt_steps";
   fs::remove_all(root);
@@ -333,7 +360,7 @@ TEST(WatchTest, PromptStepsSurviveTheDatabase) {
   r.dataset = "d";
   r.status = "ok";
   r.summary = FakeSummary(2.0);
-  r.prompts = {{0, "xxh3-128:a", {1, 2, 3}}, {2, "xxh3-128:b", {}}};
+  r.prompts = {{0, "xxh3-128:a", {1, 2, 3}, 2, {5, 6, 7, 8}}, {2, "xxh3-128:b", {}, 0, {}}};
   ASSERT_TRUE((*db)->Record(r).ok());
   auto back = (*db)->Find("r", 1, "d");
   ASSERT_TRUE(back.ok() && back->has_value());

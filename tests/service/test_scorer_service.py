@@ -343,8 +343,9 @@ def test_reports_through_a_scorer_and_in_process_with_two_extractors(
 
     html = (tmp_path / "one.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
-    assert html.count("<svg ") == 3
-    for chart in ("per-position-acceptance", "tau-histogram", "ddtree-budget-curve"):
+    assert html.count("<svg ") == 5
+    for chart in ("per-position-acceptance", "tau-histogram", "ddtree-budget-curve",
+                  "tau-by-token-window", "capacity-speedup"):
         assert f'id="{chart}"' in html
     assert "<script" not in html and "src=" not in html and "href=" not in html
 
@@ -408,3 +409,53 @@ def test_cancel_frees_the_scorer(scorer, pair):
     assert metric_value(scorer.metrics(), "specwire_scorer_requests_total", method="Score",
                         code="CANCELLED") >= 1
     assert scorer.alive()
+
+
+# --- statistics over the wire --------------------------------------------------------------------
+
+def test_summary_carries_intervals_windows_and_temperature(scorer, pair, first_job):
+    s = first_job["summary"]
+    assert s.bootstrap_resamples == 1000 and s.confidence == 0.95 and s.token_window == 64
+    assert s.HasField("tau_mean_of_means_ci")
+    assert s.tau_mean_of_means_ci.lo <= s.tau_mean_of_means <= s.tau_mean_of_means_ci.hi
+    assert set(s.ddtree_tau_ci) == set(DDTREE)
+    assert list(s.per_position_reached)[0] == s.steps
+    assert sum(w.steps for w in s.windows) == s.steps
+    # A seed gives the same intervals; another seed, others; 0 resamples, none.
+    again = run_score(scorer, score_request(pair, bootstrap_resamples=200, bootstrap_seed=7,
+                                            token_window=4,
+                                            sampling=[spb.SamplingSetting(temperature=0.8,
+                                                                          top_p=0.9, top_k=20)]))
+    again2 = run_score(scorer, score_request(pair, bootstrap_resamples=200, bootstrap_seed=7,
+                                             token_window=4))
+    a, b = again[-1].summary, again2[-1].summary
+    assert a.tau_mean_of_means_ci == b.tau_mean_of_means_ci
+    assert a.bootstrap_resamples == 200 and a.token_window == 4
+    assert all(w.last_token - w.first_token == 3 for w in a.windows)
+    assert [(t.rule, round(t.setting.temperature, 3)) for t in a.temperature] == [
+        ("argmax_draft", 0.8), ("draft_distribution", 0.8)]
+    for t in a.temperature:
+        assert 1 <= t.tau_prob <= s.block_size
+        assert t.tau_prob_ci.lo <= t.tau_prob <= t.tau_prob_ci.hi
+        assert t.blocks == s.steps  # one block per greedy step
+    none = run_score(scorer, score_request(pair, bootstrap_resamples=0))[-1].summary
+    assert not none.HasField("tau_mean_of_means_ci") and none.tau_mean_of_means == s.tau_mean_of_means
+    # Trajectory digests let two results be paired.
+    digests = [m.result.trajectory_digest for m in again if m.HasField("result")]
+    assert all(d.startswith("xxh3-128:") for d in digests) and len(set(digests)) == len(digests)
+
+
+@pytest.mark.parametrize("field,kw", [
+    ("bootstrap_resamples", dict(bootstrap_resamples=200001)),
+    ("sampling[0].temperature", dict(sampling=[spb.SamplingSetting(temperature=-1)])),
+    ("sampling[0].temperature", dict(sampling=[spb.SamplingSetting(temperature=float("nan"))])),
+    ("sampling[1].top_p", dict(sampling=[spb.SamplingSetting(temperature=1),
+                                         spb.SamplingSetting(temperature=1, top_p=1.5)])),
+    ("sampling:", dict(sampling=[spb.SamplingSetting(temperature=1)] * 9)),
+    ("token_window", dict(token_window=2000000)),
+])
+def test_bad_statistics_settings_are_refused(scorer, pair, field, kw):
+    with pytest.raises(grpc.RpcError) as info:
+        run_score(scorer, score_request(pair, **kw))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in info.value.details()

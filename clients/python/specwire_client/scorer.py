@@ -52,6 +52,8 @@ class DatasetScore:
     ddtree_tau: dict[int, float]
     per_position_acceptance: list[float]
     from_database: bool  # scored before this call (the (run, step) was recorded already)
+    # The 95% bootstrap interval of τ over the eval set's prompts (None: not computed).
+    tau_ci: tuple[float, float] | None
     summary: Any  # the AcceptanceSummary message
 
 
@@ -178,6 +180,9 @@ class ScorerClient:
                 tau=s.summary.tau_mean_of_means, tau_pooled=s.summary.tau_pooled,
                 ddtree_tau={int(k): v for k, v in s.summary.ddtree_tau.items()},
                 per_position_acceptance=list(s.summary.per_position_acceptance),
-                from_database=s.from_database, summary=s.summary)
+                from_database=s.from_database,
+                tau_ci=((s.summary.tau_mean_of_means_ci.lo, s.summary.tau_mean_of_means_ci.hi)
+                        if s.summary.HasField("tau_mean_of_means_ci") else None),
+                summary=s.summary)
         return CheckpointScores(run=reply.run, step=reply.step,
                                 checkpoint_digest=reply.checkpoint_digest, scores=scores)
