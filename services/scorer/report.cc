@@ -404,7 +404,8 @@ std::string ReportToJson(const ScoreReport& r) {
                        {"completion_tokens", p.acceptance.completion_tokens},
                        {"finish_reason", p.finish_reason},
                        {"trajectory_digest", p.trajectory_digest},
-                       {"tau", p.tau},
+                       // No steps (the first completion token was a stop token): no τ.
+                       {"tau", p.acceptance.step_lengths.empty() ? json(nullptr) : json(p.tau)},
                        {"step_lengths", p.acceptance.step_lengths},
                        {"ddtree_step_lengths", dd}});
   }
@@ -716,7 +717,9 @@ std::string ReportToHtml(const ScoreReport& r) {
     absl::StrAppend(&h, "<tr><td class=\"num\">", p.prompt_index, "</td><td class=\"num\">",
                     p.acceptance.prompt_tokens, "</td><td class=\"num\">",
                     p.acceptance.completion_tokens, "</td><td>", HtmlEscape(p.finish_reason),
-                    "</td><td class=\"num\">", Fixed(p.tau, 3), "</td><td class=\"num\">",
+                    "</td><td class=\"num\">",
+                    p.acceptance.step_lengths.empty() ? "no steps" : Fixed(p.tau, 3),
+                    "</td><td class=\"num\">",
                     p.acceptance.step_lengths.size(), "</td>");
     for (int32_t b : r.ddtree_budgets) {
       auto it = p.acceptance.ddtree_step_lengths.find(b);

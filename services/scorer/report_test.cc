@@ -139,5 +139,34 @@ TEST(SummaryTable, TauDDTreeAndPositions) {
   EXPECT_EQ(t.find("pos  4"), std::string::npos);
 }
 
+// A response whose first completion token is a stop token has no steps: no τ (null, "no steps"),
+// left out of the means; positions no step reached are "no data", never 0.
+TEST(ReportJson, AResponseWithoutStepsAndUnreachedPositions) {
+  ScoreReport r = SampleReport();
+  std::vector<ResponseAcceptance> rs(2);
+  rs[0].step_lengths = {1, 2, 1};  // position 2 reached once, position 3 never
+  r.prompts.resize(2);
+  r.prompts[0].acceptance = rs[0];
+  r.prompts[0].tau = MeanStepLength(rs[0].step_lengths);
+  r.prompts[1].prompt_index = 1;
+  r.prompts[1].acceptance = rs[1];
+  r.prompts[1].finish_reason = "stop_token";
+  r.summary = Summarize(rs, 4);
+  const json j = json::parse(ReportToJson(r));
+  EXPECT_TRUE(j["prompts"][1]["tau"].is_null());
+  EXPECT_DOUBLE_EQ(j["prompts"][0]["tau"].get<double>(), 4.0 / 3);
+  EXPECT_DOUBLE_EQ(j["summary"]["tau_mean_of_means"].get<double>(), 4.0 / 3);
+  EXPECT_EQ(j["summary"]["per_position_reached"], json::parse("[3, 1, 0]"));
+  EXPECT_TRUE(j["summary"]["per_position_acceptance"][2].is_null());
+  const std::string table = SummaryTable(r);
+  EXPECT_NE(table.find("pos  3  no data (0 / 0)"), std::string::npos) << table;
+  EXPECT_NE(table.find("pos  2  0.0000  (0 / 1)"), std::string::npos) << table;
+  const std::string html = ReportToHtml(r);
+  EXPECT_NE(html.find("no steps"), std::string::npos);
+  EXPECT_NE(html.find("no data"), std::string::npos);
+  // Every τ line of the table names its settings.
+  EXPECT_NE(table.find("settings: max_new_tokens 10, block size 4"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace specwire

@@ -69,7 +69,10 @@ std::string SummaryToJsonText(const AcceptanceSummary& s) {
             {"num_accepted_tokens", s.num_accepted_tokens},
             {"num_accepted_tokens_per_pos", s.num_accepted_tokens_per_pos},
             {"acceptance_rate", s.acceptance_rate},
+            {"per_position_reached", s.per_position_reached},
             {"ddtree", ddtree}};
+  if (s.tau_mean_of_means_ci) j["tau_ci"] = {s.tau_mean_of_means_ci->lo, s.tau_mean_of_means_ci->hi};
+  if (s.tau_pooled_ci) j["tau_pooled_ci"] = {s.tau_pooled_ci->lo, s.tau_pooled_ci->hi};
   return j.dump();
 }
 
@@ -92,6 +95,14 @@ absl::StatusOr<AcceptanceSummary> SummaryFromJsonText(const std::string& text) {
     s.num_accepted_tokens = j.value("num_accepted_tokens", int64_t{0});
     s.num_accepted_tokens_per_pos = j.value("num_accepted_tokens_per_pos", std::vector<int64_t>{});
     s.acceptance_rate = j.value("acceptance_rate", 0.0);
+    s.per_position_reached = j.value("per_position_reached", std::vector<int64_t>{});
+    for (const char* key : {"tau_ci", "tau_pooled_ci"}) {
+      if (!j.contains(key)) continue;
+      const auto v = j[key].get<std::vector<double>>();
+      if (v.size() != 2) return absl::DataLossError(absl::StrCat("results database: ", key));
+      (std::string(key) == "tau_ci" ? s.tau_mean_of_means_ci : s.tau_pooled_ci) =
+          Interval{v[0], v[1]};
+    }
     if (j.contains("ddtree")) {
       for (const auto& [budget, v] : j["ddtree"].items()) {
         s.ddtree_tau[std::stoi(budget)] = {v.value("tau", 0.0), v.value("tau_pooled", 0.0)};

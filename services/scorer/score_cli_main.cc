@@ -535,13 +535,20 @@ absl::StatusOr<ScoreReport> CompareSide(const std::string& path, const ScorerCon
 
 absl::Status RunCompare(const std::vector<std::string>& args, const ScorerConnection& scorer,
                         const ExtractorConnection& extractors) {
-  if (args.size() != 1) {
+  // "--compare A B", or "--compare=A,B".
+  std::vector<std::string> sides = {absl::GetFlag(FLAGS_compare)};
+  if (args.empty() && sides[0].find(',') != std::string::npos) {
+    sides = absl::StrSplit(sides[0], absl::MaxSplits(',', 1));
+  } else {
+    sides.insert(sides.end(), args.begin(), args.end());
+  }
+  if (sides.size() != 2 || sides[0].empty() || sides[1].empty()) {
     return absl::InvalidArgumentError(
         "--compare A B: give two reports or drafter directories (A as the flag's value, B "
-        "after it)");
+        "after it, or --compare=A,B)");
   }
-  SW_ASSIGN_OR_RETURN(ScoreReport a, CompareSide(absl::GetFlag(FLAGS_compare), scorer, extractors));
-  SW_ASSIGN_OR_RETURN(ScoreReport b, CompareSide(args[0], scorer, extractors));
+  SW_ASSIGN_OR_RETURN(ScoreReport a, CompareSide(sides[0], scorer, extractors));
+  SW_ASSIGN_OR_RETURN(ScoreReport b, CompareSide(sides[1], scorer, extractors));
   BootstrapOptions bootstrap;
   bootstrap.resamples = absl::GetFlag(FLAGS_bootstrap_resamples);
   bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);

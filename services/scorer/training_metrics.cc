@@ -70,6 +70,15 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                  .Register(*registry_)
                  .Add({})) {}
 
+namespace {
+
+// Position k (0-based) was drafted by no step (known only when the counts were kept).
+bool Unreached(const AcceptanceSummary& s, size_t k) {
+  return k < s.per_position_reached.size() && s.per_position_reached[k] == 0;
+}
+
+}  // namespace
+
 PairedComparison RegressionCheck(const CheckpointResult& previous, const CheckpointResult& latest,
                                  const RegressionOptions& options) {
   std::map<int64_t, const PromptSteps*> by_index;
@@ -126,6 +135,7 @@ void TrainingMetrics::Record(const CheckpointResult& r, bool fresh) {
     ddtree_tau_.Add(with("budget", std::to_string(budget))).Set(tau.first);
   }
   for (size_t k = 0; k < r.summary.per_position_acceptance.size(); ++k) {
+    if (Unreached(r.summary, k)) continue;  // no data is not a rate of 0
     acceptance_.Add(with("position", std::to_string(k + 1)))
         .Set(r.summary.per_position_acceptance[k]);
   }
@@ -156,8 +166,12 @@ void TrainingMetrics::UpdateLatest(const std::string& run, const std::string& da
     latest_ddtree_tau_.Add(with("budget", std::to_string(budget))).Set(tau.first);
   }
   for (size_t k = 0; k < latest.per_position_acceptance.size(); ++k) {
-    latest_acceptance_.Add(with("position", std::to_string(k + 1)))
-        .Set(latest.per_position_acceptance[k]);
+    auto labels = with("position", std::to_string(k + 1));
+    if (Unreached(latest, k)) {
+      if (latest_acceptance_.Has(labels)) latest_acceptance_.Remove(&latest_acceptance_.Add(labels));
+      continue;
+    }
+    latest_acceptance_.Add(labels).Set(latest.per_position_acceptance[k]);
   }
   if (steps.size() >= 2) {
     const CheckpointResult& previous_row = std::next(steps.rbegin())->second;

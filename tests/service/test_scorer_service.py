@@ -331,6 +331,9 @@ def test_reports_through_a_scorer_and_in_process_with_two_extractors(
         assert reports[k]["contract"] == ref["contract"], k
     assert reports["inproc"]["extractors"] == [e.address for e in extractors]
     assert reports["dns"]["extractors"] == [extractors[0].address]
+    assert reports["one"]["mode"] == "scorer" and reports["one"]["extractors"] == [
+        extractors[0].address]
+    assert f"<td class=\"num\">{extractors[0].address}</td>" in (tmp_path / "one.html").read_text()
     assert reports["inproc"]["drafter"]["target_layer_ids"] == TARGET_LAYER_IDS
     # The report holds the gRPC job's numbers, the contract and the drafter's config.
     for p in ref["prompts"]:
