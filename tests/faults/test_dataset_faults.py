@@ -14,7 +14,7 @@ import pytest
 import torch
 from faults_harness import random_sequences, wait_for
 
-from specwire_client import ExtractorClient, FeatureDataset, IncompleteStream
+from specwire_client import ExtractorClient, FeatureDataset, IncompleteStream, RetryPolicy
 
 pytest.importorskip("transformers")
 import hf_fixtures  # noqa: E402  (tests/parity, on sys.path through the service harness)
@@ -94,8 +94,8 @@ def test_extractor_killed_mid_stream_and_restarted(extractor_factory, checkpoint
     state = {"streams": 0, "killed": False}
     ds = FeatureDataset(None, SEQS, LAYERS, final_norm=True, dtype="fp32",
                         sequences_per_request=PER_REQUEST, prefetch_depth=1, max_chunk_bytes=65536,
-                        max_retries=40, backoff_initial=0.05, backoff_multiplier=1.5,
-                        backoff_max=0.3, timeout=60,
+                        retry=RetryPolicy(max_retries=40, backoff_initial=0.05,
+                                          backoff_multiplier=1.5, backoff_max=0.3), timeout=60,
                         client_factory=lambda: KillingClient(server.address,
                                                              kill_and_restart_later,
                                                              KILL_IN_STREAM, state, timeout=60,
@@ -126,8 +126,8 @@ def test_extractor_killed_mid_stream_with_a_second_replica(extractor_factory, ch
     state = {"streams": 0, "killed": False}
     target = [r.address for r in replicas.values()]
     ds = FeatureDataset(None, SEQS, LAYERS, final_norm=True, dtype="fp32",
-                        sequences_per_request=PER_REQUEST, prefetch_depth=1, max_retries=5,
-                        backoff_initial=0.05, timeout=60,
+                        sequences_per_request=PER_REQUEST, prefetch_depth=1,
+                        retry=RetryPolicy(max_retries=5, backoff_initial=0.05), timeout=60,
                         client_factory=lambda: KillingClient(target, kill_sender, KILL_IN_STREAM,
                                                              state, timeout=60,
                                                              options=SMALL_WINDOW))

@@ -11,7 +11,7 @@ import torch
 
 import specwire_client
 from specwire_client import (Contract, ContractExpectation, ContractMismatch, CorruptStream,
-                             FeatureDataset, IncompleteStream, channel_target,
+                             FeatureDataset, IncompleteStream, RetryPolicy, channel_target,
                              extractor_pb2 as pb)
 from specwire_client._assembly import StateAssembler
 from specwire_client.client import SequenceStates, StreamResult
@@ -170,7 +170,8 @@ def test_dataset_retries_a_failed_batch_from_its_start():
                 2: specwire_client.ExtractorError(grpc.StatusCode.UNAVAILABLE, "down"),
                 4: IncompleteStream(None, "no trailer")}
     ds = FeatureDataset(None, data, [0], sequences_per_request=3, prefetch_depth=1,
-                        backoff_initial=0.001, client_factory=lambda: FlakyClient(log, failures))
+                        retry=RetryPolicy(backoff_initial=0.001),
+                        client_factory=lambda: FlakyClient(log, failures))
     items = list(ds)
     assert [it["input_ids"].tolist() for it in items] == data
     for it, d in zip(items, data):
@@ -183,8 +184,8 @@ def test_dataset_retries_a_failed_batch_from_its_start():
 def test_dataset_gives_up_after_max_retries_and_keeps_other_errors():
     down = specwire_client.ExtractorError(grpc.StatusCode.UNAVAILABLE, "down")
     log: list = []
-    ds = FeatureDataset(None, [[1]] * 4, [0], sequences_per_request=2, max_retries=2,
-                        backoff_initial=0.001,
+    ds = FeatureDataset(None, [[1]] * 4, [0], sequences_per_request=2,
+                        retry=RetryPolicy(max_retries=2, backoff_initial=0.001),
                         client_factory=lambda: FlakyClient(log, {1: down, 2: down, 3: down}))
     got = []
     with pytest.raises(specwire_client.ExtractorError, match="down"):
@@ -224,6 +225,110 @@ def test_dataset_shards_by_worker(monkeypatch):
                             client_factory=lambda: FlakyClient([], {}))
         seen.append([it["input_ids"].item() for it in ds])
     assert seen == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def _worker(monkeypatch, w: int, n: int) -> None:
+    from specwire_client import dataset as dataset_mod
+    monkeypatch.setattr(dataset_mod, "get_worker_info",
+                        lambda: type("W", (), {"id": w, "num_workers": n})())
+
+
+@pytest.mark.parametrize("n,world,workers,shuffle,start", [
+    (23, 2, 2, False, 0), (23, 2, 2, True, 0), (23, 3, 1, True, 5), (7, 4, 3, True, 0),
+    (50, 2, 3, True, 18), (1, 2, 2, False, 0), (10, 1, 1, True, 10)])
+def test_dataset_shards_ranks_times_workers_exactly_once(monkeypatch, n, world, workers,
+                                                         shuffle, start):
+    data = [[i] for i in range(n)]
+    full = FeatureDataset(None, data, [0], rank=0, world_size=1, shuffle=shuffle, seed=3,
+                          epoch=2, client_factory=lambda: FlakyClient([], {}))
+    order = full.epoch_order()
+    seen: list[int] = []
+    for rank in range(world):
+        per_rank = 0
+        for w in range(workers):
+            _worker(monkeypatch, w, workers)
+            ds = FeatureDataset(None, data, [0], rank=rank, world_size=world, shuffle=shuffle,
+                                seed=3, epoch=2, start=start, sequences_per_request=2,
+                                client_factory=lambda: FlakyClient([], {}))
+            got = [it["sample_index"] for it in ds]
+            assert all(data[i] == [it] for i, it in zip(got, got))
+            seen += got
+            per_rank += len(got)
+        assert per_rank == len(ds)
+    assert sorted(seen) == sorted(order[start:])  # the rest of the epoch, each once
+    assert len(seen) == n - min(start, n)
+
+
+def test_dataset_shuffle_is_seeded_per_epoch_and_the_same_on_every_rank():
+    data = [[i] for i in range(40)]
+    mk = lambda rank, **kw: FeatureDataset(None, data, [0], rank=rank, world_size=2,  # noqa: E731
+                                           shuffle=True, client_factory=lambda: FlakyClient([], {}),
+                                           **kw)
+    a, b = mk(0, seed=1), mk(1, seed=1)
+    assert a.epoch_order() == b.epoch_order() and a.epoch_order() != list(range(40))
+    first = a.epoch_order()
+    a.set_epoch(1)
+    assert a.epoch_order() != first and sorted(a.epoch_order()) == list(range(40))
+    assert mk(0, seed=2).epoch_order() != first
+    # Resumption: the rest of the same order.
+    a.set_epoch(1, start=12)
+    assert a.epoch_order() == mk(0, seed=1, epoch=1).epoch_order()[12:]
+    with pytest.raises(TypeError, match="indexable"):
+        FeatureDataset(None, iter(data), [0], shuffle=True, rank=0, world_size=1,
+                       client_factory=lambda: FlakyClient([], {}))
+    with pytest.raises(ValueError, match="rank 2 is outside world_size 2"):
+        mk(2)
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        FeatureDataset(None, data, [0], rank=0, client_factory=lambda: FlakyClient([], {}))
+
+
+def test_dataset_takes_rank_and_world_from_torch_distributed(monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    ds = FeatureDataset(None, [[i] for i in range(10)], [0],
+                        client_factory=lambda: FlakyClient([], {}))
+    assert (ds.rank, ds.world_size) == (1, 3)
+    assert [it["sample_index"] for it in ds] == [1, 4, 7]
+
+
+def test_pad_collate_pads_ids_states_and_masks():
+    from specwire_client import pad_collate
+    items = [{"input_ids": torch.tensor([5, 6, 7]), "sample_index": 4, "tag": "a",
+              "hidden_states": {"layer.0": torch.ones(3, 2)}},
+             {"input_ids": torch.tensor([8]), "sample_index": 9, "tag": "b",
+              "loss_mask": [0], "hidden_states": {"layer.0": torch.full((1, 2), 2.0)}}]
+    out = pad_collate(items, pad_token_id=-1)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, -1, -1]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[1, 1, 1], [0, 0, 0]]
+    assert out["hidden_states"]["layer.0"].shape == (2, 3, 2)
+    assert out["hidden_states"]["layer.0"][1].tolist() == [[2, 2], [0, 0], [0, 0]]
+    assert out["sample_index"].tolist() == [4, 9] and out["tag"] == ["a", "b"]
+    with pytest.raises(ValueError, match="loss_mask"):
+        pad_collate([dict(items[1], loss_mask=[1, 1])])
+    # Through a DataLoader with workers: the collate runs in the workers.
+    data = [[i] * (1 + i % 3) for i in range(9)]
+    ds = FeatureDataset(None, data, [0], rank=0, world_size=1,
+                        client_factory=lambda: FlakyClient([], {}))
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=0, collate_fn=pad_collate)
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["sample_index"].tolist()) == list(range(9))
+
+
+def test_retry_policy_values():
+    p = RetryPolicy(max_retries=3, backoff_initial=0.5, backoff_multiplier=2, backoff_max=1.5,
+                    codes=[grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
+    assert [p.delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 1.5, 1.5]
+    assert p.retryable(specwire_client.ExtractorError(grpc.StatusCode.RESOURCE_EXHAUSTED, "full"))
+    assert not p.retryable(specwire_client.ExtractorError(grpc.StatusCode.INVALID_ARGUMENT, "x"))
+    assert p.retryable(IncompleteStream(None, "cut"))
+    assert not p.retryable(IncompleteStream(grpc.StatusCode.INVALID_ARGUMENT, "refused"))
+    with pytest.raises(ValueError):
+        RetryPolicy(max_retries=-1)
+    with pytest.raises(TypeError, match="RetryPolicy"):
+        FeatureDataset(None, [[1]], [0], retry=3, client_factory=lambda: FlakyClient([], {}))
 
 
 # --- whole streams through ExtractorClient, from a scripted stub --------------------------------

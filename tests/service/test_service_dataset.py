@@ -9,7 +9,7 @@ import torch
 from extractor_harness import random_sequences, wait_for
 
 from specwire_client import (ContractExpectation, ContractMismatch, ExtractorClient,
-                             FeatureDataset)
+                             FeatureDataset, RetryPolicy)
 
 LAYERS = [0, 2]
 SEQS = random_sequences([3, 8, 5, 12, 7, 4, 9, 6, 11, 2, 10, 5, 7], seed=11)
@@ -78,8 +78,9 @@ def test_dataset_survives_a_server_kill_and_restart(server_factory, checkpoint):
     seqs = random_sequences([6 + (i * 5) % 11 for i in range(30)], seed=12)
     ref = reference(server.address, seqs, 2, dtype="fp32")
     ds = FeatureDataset(server.address, seqs, LAYERS, dtype="fp32", sequences_per_request=2,
-                        prefetch_depth=1, max_retries=30, backoff_initial=0.05,
-                        backoff_multiplier=1.5, backoff_max=0.4, timeout=20)
+                        prefetch_depth=1,
+                        retry=RetryPolicy(max_retries=30, backoff_initial=0.05,
+                                          backoff_multiplier=1.5, backoff_max=0.4), timeout=20)
     items = []
     restarted = threading.Event()
 

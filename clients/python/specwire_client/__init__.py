@@ -3,7 +3,9 @@
     ExtractorClient   the Extractor API; every stream checked (contract, crc32c, convention,
                       trailer) and rebuilt into torch tensors
     FeatureDataset    a torch IterableDataset streaming training features, with prefetch,
-                      DataLoader worker sharding and reconnect-with-backoff
+                      sharding over torch.distributed ranks x DataLoader workers (every sample
+                      once per epoch, seeded shuffle, resumable) and reconnect-with-backoff
+                      (RetryPolicy); pad_collate batches its variable-length items
     Contract, ContractExpectation
                       the extraction contract and the checks a consumer makes against it
     ExtractorError    every error (ContractMismatch, IncompleteStream, CorruptStream below it)
@@ -19,7 +21,7 @@ from .client import (ExtractorClient, GenerateResult, SequenceStates, StreamResu
                      channel_target, wire_dtype)
 from .contract import Contract, ContractExpectation, SkippedTensors
 from .crc32c import crc32c
-from .dataset import FeatureDataset
+from .dataset import FeatureDataset, RetryPolicy, pad_collate
 from .errors import ContractMismatch, CorruptStream, ExtractorError, IncompleteStream
 from .scorer import CheckpointScores, DatasetScore, ScorerClient, ScorerError
 from .security import ChannelSecurity
@@ -29,7 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointScores", "DatasetScore", "ScorerClient", "ScorerError", "ChannelSecurity",
     "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
-    "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "SequenceStates",
-    "SkippedTensors", "StreamResult", "channel_target", "crc32c", "extractor_pb2",
-    "extractor_pb2_grpc", "wire_dtype",
+    "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "RetryPolicy",
+    "SequenceStates", "SkippedTensors", "StreamResult", "channel_target", "crc32c",
+    "extractor_pb2", "extractor_pb2_grpc", "pad_collate", "wire_dtype",
 ]
