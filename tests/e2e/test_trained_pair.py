@@ -190,3 +190,26 @@ def test_train_drafter_script_against_the_extractor(extractor, tmp_path):
     assert drafter.mask_token_id == committed.mask_token_id == 2047
     assert drafter.target_layer_ids == committed.target_layer_ids == [1, 3]
     assert drafter.block_size == 16
+
+
+def test_train_drafter_script_under_torchrun(extractor, tmp_path):
+    """The same pipeline data-parallel: torchrun with 2 ranks (gloo, DDP) x 2 DataLoader workers
+    per rank, fed by one extractor; every training sequence is read by exactly one rank."""
+    from extractor_harness import free_port
+    out = tmp_path / "drafter"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = dict(__import__("os").environ, OMP_NUM_THREADS="1")
+    res = subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", "--master_addr=127.0.0.1",
+         f"--master_port={free_port()}", str(REPO / "training" / "train_drafter.py"),
+         f"--extractor={extractor.address}", f"--out={out}", "--prompts=12", "--eval-prompts=4",
+         "--max-new-tokens=16", "--steps=3", "--batch=2", "--anchors-per-seq=4", "--threads=1",
+         "--workers=2", "--log-every=1"],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["world_size"] == 2 and log["workers_per_rank"] == 2
+    assert log["feature_sample_indices"] == list(range(12))  # each sequence once, over the ranks
+    assert log["rank_sequences"] == [6, 6]
+    assert [c["step"] for c in log["loss_curve"]] == [0, 1, 2]
+    assert F.load_drafter(out).block_size == 16
