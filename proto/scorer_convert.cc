@@ -197,6 +197,7 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
         static_cast<int32_t>(std::min<uint32_t>(r.bootstrap_resamples(), INT32_MAX));
   }
   s.summary.bootstrap.seed = r.bootstrap_seed();
+  s.chat_template_record = r.chat_template_record();
   if (r.has_token_window()) s.summary.token_window = r.token_window();
   for (const v1::SamplingSetting& x : r.sampling()) {
     SamplingSetting t;
@@ -223,6 +224,7 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
   for (int32_t b : s.ddtree_budgets) out->add_ddtree_budgets(static_cast<uint32_t>(b));
   out->set_bootstrap_resamples(static_cast<uint32_t>(std::max(0, s.summary.bootstrap.resamples)));
   out->set_bootstrap_seed(s.summary.bootstrap.seed);
+  out->set_chat_template_record(s.chat_template_record);
   out->set_token_window(static_cast<uint32_t>(std::max<int64_t>(0, s.summary.token_window)));
   for (const SamplingSetting& x : s.sampling) {
     auto* t = out->add_sampling();

@@ -357,6 +357,8 @@ std::string ReportToJson(const ScoreReport& r) {
                   {"max_prompts", r.max_prompts},
                   {"ddtree_budgets", r.ddtree_budgets}};
   j["contract"] = json::parse(ContractToJson(r.contract));
+  j["chat_template"] =
+      r.chat_template_record.empty() ? json(nullptr) : json::parse(r.chat_template_record);
   j["drafter"] = DrafterJson(r);
   j["summary"] = json::parse(AcceptanceSummaryToJson(r.summary));
   j["settings"] = {{"max_new_tokens", r.max_new_tokens},

@@ -32,6 +32,7 @@ struct ScoreReport {
   std::vector<PromptScore> prompts;  // by prompt index
   AcceptanceSummary summary;
   CapacityOptions capacity;  // the cost model of the capacity plan
+  std::string chat_template_record;  // the prompts' (canonical JSON), "" when none
   double seconds = 0;
   std::string created;  // UTC, ISO 8601
 };

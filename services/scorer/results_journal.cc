@@ -204,6 +204,7 @@ std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
   d.UpdateField(drafter.device);
   d.UpdateField(absl::StrCat(spec.max_new_tokens));
   d.UpdateField(absl::StrJoin(spec.ddtree_budgets, ","));
+  d.UpdateField(spec.chat_template_record);
   for (const SamplingSetting& x : spec.sampling) {
     d.UpdateField(absl::StrCat("sampling:", x.temperature, ":", x.top_p, ":", x.top_k));
   }

@@ -80,6 +80,9 @@ ABSL_FLAG(bool, quiet, false, "No progress on stderr.");
 ABSL_FLAG(std::string, job_id, "",
           "Names the job for resumption ([A-Za-z0-9._-], at most 128). --scorer: default a random "
           "id; a scorer with --results_dir resumes a job submitted again under it.");
+ABSL_FLAG(std::string, chat_template_record, "",
+          "The chat template record (JSON, specwire_client.chat.TemplateRecord) the prompts were "
+          "prepared under; a drafter trained under another one is refused.");
 // Statistics of the summary.
 ABSL_FLAG(int32_t, bootstrap_resamples, 1000,
           "Bootstrap resamples of the 95% intervals over prompts (0: no intervals).");
@@ -241,6 +244,7 @@ absl::StatusOr<ScoreSpec> SpecFromFlags() {
   s.labels.method = absl::GetFlag(FLAGS_method_label);
   s.add_special_tokens = absl::GetFlag(FLAGS_add_special_tokens);
   s.job_id = absl::GetFlag(FLAGS_job_id);
+  s.chat_template_record = absl::GetFlag(FLAGS_chat_template_record);
   s.summary.bootstrap.resamples = absl::GetFlag(FLAGS_bootstrap_resamples);
   s.summary.bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
   s.summary.token_window = absl::GetFlag(FLAGS_token_window);
@@ -408,6 +412,7 @@ absl::Status RunInProcess(const ScoreSpec& spec, const ExtractorConnection& extr
     report.drafter_loaded = true;
     report.labels = s.labels;
     report.extractors = s.extractors;
+    report.chat_template_record = s.chat_template_record;
   };
   events.on_progress = [&](const ScoreProgress& p) { progress.Update(p); };
   events.on_prompt = [&](const PromptScore& s) { report.prompts.push_back(s); };

@@ -67,8 +67,12 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   // 2. The drafter, checked against it before any work.
   SW_ASSIGN_OR_RETURN(const DrafterSpec drafter, LoadCheckedDrafter(spec, target.contract));
   // 3. Prompts, 4. the target head.
+  std::string template_record;
   SW_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> prompts,
-                      ResolvePrompts(spec, options_.limits, target.endpoints[0], target.contract));
+                      ResolvePrompts(spec, options_.limits, target.endpoints[0], target.contract,
+                                     &template_record));
+  // Prompts prepared with another chat template (or flags) than the drafter's training data.
+  SW_RETURN_IF_ERROR(CheckTemplateRecord(spec.drafter_path, template_record));
   SW_RETURN_IF_ERROR(EnsureTargetHead(options_.head, *backend_, *target.endpoints[0],
                                       target.contract, options_.log));
   if (cancelled) return absl::CancelledError("request cancelled");
@@ -78,6 +82,7 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
 
   ScoreStart start;
   start.contract = target.contract;
+  start.chat_template_record = template_record;
   start.drafter = drafter;
   start.labels = spec.labels;
   start.prompts_total = static_cast<int64_t>(prompts.size());

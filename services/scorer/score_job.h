@@ -52,6 +52,7 @@ struct ScoreStart {
   ScoreLabels labels;  // defaults filled
   int64_t prompts_total = 0;
   std::vector<std::string> extractors;  // addresses
+  std::string chat_template_record;     // canonical, "" when the prompts carry none
 };
 
 // Callbacks, all on the runner's (calling) thread, in this order: on_start once, on_progress

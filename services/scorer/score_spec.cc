@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 
 #include "absl/strings/ascii.h"
@@ -149,8 +150,55 @@ ScoreLabels ResolveLabels(const ScoreSpec& spec) {
   if (l.method.empty()) l.method = "dflash";
   return l;
 }
+absl::StatusOr<std::string> CanonicalTemplateRecord(const std::string& text,
+                                                    const std::string& where) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("digest") || !j["digest"].is_string() ||
+      j["digest"].get<std::string>().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a chat template record is {\"digest\": str, \"flags\": {...}}"));
+  }
+  json flags = j.value("flags", json::object());
+  if (flags.is_null()) flags = json::object();
+  if (!flags.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": chat template flags must be an object"));
+  }
+  return json({{"digest", j["digest"]}, {"flags", flags}}).dump();
+}
+
+absl::Status CheckTemplateRecord(const std::string& drafter_dir, const std::string& record) {
+  if (record.empty()) return absl::OkStatus();
+  const std::string path = (fs::path(drafter_dir) / "specwire_training.json").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return absl::OkStatus();
+  std::ifstream in(path);
+  const json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  if (!j.contains("chat_template") || j["chat_template"].is_null()) return absl::OkStatus();
+  SW_ASSIGN_OR_RETURN(const std::string trained,
+                      CanonicalTemplateRecord(j["chat_template"].dump(),
+                                              absl::StrCat(path, ": chat_template")));
+  if (trained != record) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chat template mismatch: the prompts were prepared with ", record,
+        " but the drafter was trained on data prepared with ", trained, " (", path,
+        "); prepare the prompts with the drafter's template and flags"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
                                                              int64_t max_prompts) {
+  return ReadPromptDataset(path, max_prompts, nullptr);
+}
+
+absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
+                                                             int64_t max_prompts,
+                                                             std::string* template_record) {
+  std::optional<std::string> record;  // of the lines seen so far
+  int64_t lines_with = 0, lines_without = 0;
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("dataset ", path, ": cannot open"));
   std::vector<InputSequence> out;
@@ -164,6 +212,22 @@ absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& 
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    }
+    if (j.contains("chat_template") && !j["chat_template"].is_null()) {
+      SW_ASSIGN_OR_RETURN(std::string r, CanonicalTemplateRecord(j["chat_template"].dump(),
+                                                                 absl::StrCat(where, ": chat_template")));
+      if (record && *record != r) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": chat_template ", r, " differs from the earlier lines' ", *record));
+      }
+      record = std::move(r);
+      ++lines_with;
+    } else {
+      ++lines_without;
+    }
+    if (lines_with > 0 && lines_without > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": some lines carry a chat_template record and some do not"));
     }
     if (j.contains("input_ids")) {
       const json& ids = j.at("input_ids");
@@ -190,17 +254,31 @@ absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& 
     }
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("dataset ", path, ": read error"));
+  if (template_record != nullptr) *template_record = record.value_or("");
   return out;
 }
 absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
     const ScoreSpec& spec, const ScoreLimits& limits, ExtractorEndpoint* tokenizer,
-    const ExtractionContract& contract) {
+    const ExtractionContract& contract, std::string* template_record) {
   std::vector<InputSequence> inputs;
   std::string field = "prompts";
+  std::string record;
+  if (!spec.chat_template_record.empty()) {
+    SW_ASSIGN_OR_RETURN(record,
+                        CanonicalTemplateRecord(spec.chat_template_record, "chat_template_record"));
+  }
   if (!spec.dataset_path.empty()) {
     // Reading stops one prompt past the limit: a huge file is refused without being held.
     const int64_t read_at_most = spec.max_prompts > 0 ? spec.max_prompts : limits.max_prompts + 1;
-    SW_ASSIGN_OR_RETURN(inputs, ReadPromptDataset(spec.dataset_path, read_at_most));
+    std::string from_lines;
+    SW_ASSIGN_OR_RETURN(inputs, ReadPromptDataset(spec.dataset_path, read_at_most, &from_lines));
+    if (!from_lines.empty()) {
+      if (!record.empty() && record != from_lines) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chat_template_record ", record, " differs from the dataset's lines' ", from_lines));
+      }
+      record = from_lines;
+    }
     field = absl::StrCat("dataset ", spec.dataset_path, " prompt");
     if (static_cast<int64_t>(inputs.size()) > limits.max_prompts) {
       return absl::InvalidArgumentError(
@@ -262,6 +340,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
       }
     }
   }
+  if (template_record != nullptr) *template_record = record;
   return out;
 }
 }  // namespace specwire

@@ -43,7 +43,22 @@ struct ScoreSpec {
   SummaryOptions summary;
   // Teacher-forced acceptance at these settings (both rules each); empty: none.
   std::vector<SamplingSetting> sampling;
+  // The chat template record the prompts were prepared under (specwire_client.chat's
+  // TemplateRecord as JSON: {"digest", "source", "flags"}); "": none given. Dataset lines may
+  // carry it too ("chat_template").
+  std::string chat_template_record;
 };
+
+// A template record as canonical JSON ({"digest": .., "flags": {..}}, keys sorted; the source
+// is left out: the same template read from another file is the same template). INVALID_ARGUMENT
+// naming `where` on a malformed one.
+absl::StatusOr<std::string> CanonicalTemplateRecord(const std::string& json_text,
+                                                    const std::string& where);
+
+// FAILED_PRECONDITION when the drafter directory records the template its training data was
+// prepared with (specwire_training.json: {"chat_template": {...}}) and `record` (canonical,
+// non-empty) differs from it, naming both.
+absl::Status CheckTemplateRecord(const std::string& drafter_dir, const std::string& record);
 
 // The labels with defaults filled: the drafter directory's name, the dataset file's stem or
 // "inline", "dflash".
@@ -93,13 +108,18 @@ double MeanStepLength(const std::vector<int32_t>& lengths);
 // A JSONL prompt file: one object per line, {"prompt": str} or {"input_ids": [int, ...]}; blank
 // lines are skipped. At most max_prompts (0: all). INVALID_ARGUMENT names the file and line.
 absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
+                                                             int64_t max_prompts,
+                                                             std::string* template_record);
+absl::StatusOr<std::vector<InputSequence>> ReadPromptDataset(const std::string& path,
                                                              int64_t max_prompts);
 
 // The job's prompts as token ids: the inline prompts or the dataset (read one prompt past the
 // limit at most, so a huge file is refused without being held), text tokenized by `tokenizer`
 // (the target's own tokenizer, in batches of 64), every id checked against the vocabulary.
+// With `template_record`: the record the prompts were prepared under (the dataset's lines', else
+// the spec's; INVALID_ARGUMENT when the two, or two lines, disagree).
 absl::StatusOr<std::vector<std::vector<int64_t>>> ResolvePrompts(
     const ScoreSpec& spec, const ScoreLimits& limits, ExtractorEndpoint* tokenizer,
-    const ExtractionContract& contract);
+    const ExtractionContract& contract, std::string* template_record = nullptr);
 
 }  // namespace specwire

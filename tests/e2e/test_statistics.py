@@ -412,3 +412,43 @@ def test_comparison_report_in_headless_chromium(comparison, tmp_path):
     assert dom.count('class="point"') == N_PROMPTS
     lo, hi = comparison["dflash"]["delta_ci"]
     assert f"{lo:+.4f} – {hi:+.4f}" in dom
+
+
+# --- chat templates: prompts prepared under the drafter's template, or refused -----------------
+
+def test_prompts_prepared_under_another_chat_template_are_refused(extractor, tmp_path):
+    from specwire_client.chat import ChatTemplate, tokenizer_encoder, write_prepared_dataset
+    template = ChatTemplate((REPO / "tests" / "data" / "chat_templates" / "qwen3.jinja")
+                            .read_text(), "chat_template.jinja")
+    encode = tokenizer_encoder(TARGET / "tokenizer.json")
+    chats = [[{"role": "user", "content": t}] for t in ("def f(x):", "import os", "class A:")]
+    dataset = tmp_path / "chat.jsonl"
+    record = write_prepared_dataset(dataset, chats, template, encode, add_generation_prompt=True,
+                                    enable_thinking=False)
+    drafter = tmp_path / "drafter"
+    shutil.copytree(DRAFTER, drafter)
+    trained = template.record(enable_thinking=True)  # trained with thinking on
+    (drafter / "specwire_training.json").write_text(json.dumps({"chat_template":
+                                                                 trained.to_json()}))
+    args = [f"--extractor={extractor.address}", f"--drafter={drafter}", f"--dataset={dataset}",
+            "--max_new_tokens=8", "--ddtree=", f"--json_out={tmp_path / 'r.json'}"]
+    res = run_score(args, check=False)
+    assert res.returncode == 1 and "FAILED_PRECONDITION" in res.stderr, res.stderr
+    assert '"enable_thinking":false' in res.stderr and '"enable_thinking":true' in res.stderr
+    assert "specwire_training.json" in res.stderr
+    # The same record: scored, and the report says which template the prompts were made with.
+    (drafter / "specwire_training.json").write_text(json.dumps({"chat_template":
+                                                                 record.to_json()}))
+    run_score(args)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["chat_template"] == {"digest": record.digest,
+                                       "flags": {"enable_thinking": False}}
+    assert report["summary"]["responses"] == 3
+    # Lines that disagree are refused naming the line.
+    lines = dataset.read_text().splitlines()
+    other = json.loads(lines[1])
+    other["chat_template"]["flags"] = {"enable_thinking": True}
+    lines[1] = json.dumps(other)
+    dataset.write_text("\n".join(lines) + "\n")
+    res = run_score(args, check=False)
+    assert res.returncode == 2 and "line 2" in res.stderr, res.stderr

@@ -9,6 +9,8 @@
     Contract, ContractExpectation
                       the extraction contract and the checks a consumer makes against it
     ExtractorError    every error (ContractMismatch, IncompleteStream, CorruptStream below it)
+    ChatTemplate      a model's chat template rendered as transformers does; prepare() gives
+                      token ids, the assistant loss mask and the TemplateRecord
     ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
                       uploads a drafter checkpoint and returns its scores (CheckpointScores)
 
@@ -19,6 +21,7 @@ from ._stubs import pb as extractor_pb2
 from ._stubs import pb_grpc as extractor_pb2_grpc
 from .client import (ExtractorClient, GenerateResult, SequenceStates, StreamResult,
                      channel_target, wire_dtype)
+from .chat import ChatTemplate, PreparedChat, TemplateRecord, write_prepared_dataset
 from .contract import Contract, ContractExpectation, SkippedTensors
 from .crc32c import crc32c
 from .dataset import FeatureDataset, RetryPolicy, pad_collate
@@ -29,6 +32,7 @@ from .security import ChannelSecurity
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatTemplate", "PreparedChat", "TemplateRecord", "write_prepared_dataset",
     "CheckpointScores", "DatasetScore", "ScorerClient", "ScorerError", "ChannelSecurity",
     "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
     "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "RetryPolicy",
