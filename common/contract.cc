@@ -31,6 +31,7 @@ std::string ContractToJson(const ExtractionContract& c, int indent) {
       {"weights_digest", c.weights_digest},
       {"tokenizer_digest", c.tokenizer_digest},
       {"specwire_version", c.specwire_version},
+      {"chat_template_digest", c.chat_template_digest},
   };
   return j.dump(indent);
 }
@@ -63,6 +64,7 @@ absl::StatusOr<ExtractionContract> ContractFromJson(absl::string_view json_text)
     c.weights_digest = j.at("weights_digest").get<std::string>();
     c.tokenizer_digest = j.at("tokenizer_digest").get<std::string>();
     c.specwire_version = j.at("specwire_version").get<std::string>();
+    c.chat_template_digest = j.value("chat_template_digest", std::string());  // absent before
     return c;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("contract: ", e.what()));

@@ -47,6 +47,10 @@ struct ExtractionContract {
   std::string weights_digest;            // over canonical names + source bytes of loaded tensors
   std::string tokenizer_digest;          // of tokenizer.json; empty when the checkpoint has none
   std::string specwire_version;
+  // xxh3-128 of the chat template text (chat_template.jinja, else tokenizer_config.json's
+  // chat_template: the string, or the "default" / first named one); empty when there is none.
+  // The digest specwire_client.chat's TemplateRecord carries.
+  std::string chat_template_digest;
   bool operator==(const ExtractionContract&) const = default;
 };
 

@@ -65,6 +65,7 @@ void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
   out->set_kernel_variant(c.kernel_variant);
   out->set_weights_digest(c.weights_digest);
   out->set_tokenizer_digest(c.tokenizer_digest);
+  out->set_chat_template_digest(c.chat_template_digest);
   out->set_specwire_version(c.specwire_version);
 }
 
@@ -87,6 +88,7 @@ ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
   c.kernel_variant = p.kernel_variant();
   c.weights_digest = p.weights_digest();
   c.tokenizer_digest = p.tokenizer_digest();
+  c.chat_template_digest = p.chat_template_digest();
   c.specwire_version = p.specwire_version();
   return c;
 }

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <span>
 
 #include <torch/headeronly/version.h>
 
@@ -17,8 +18,43 @@
 #include "common/models/qwen3_5.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
+#include "nlohmann/json.hpp"
 
 namespace specwire {
+
+namespace {
+
+// The chat template a checkpoint ships, digested as its text's UTF-8 bytes ("" without one).
+absl::StatusOr<std::string> ChatTemplateDigest(const std::string& dir) {
+  auto digest_of = [](const std::string& text) {
+    return DigestBytes(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  };
+  const std::filesystem::path root(dir);
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(root / "chat_template.jinja", ec)) {
+    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString((root / "chat_template.jinja").string()));
+    return digest_of(text);
+  }
+  if (!std::filesystem::is_regular_file(root / "tokenizer_config.json", ec)) return std::string();
+  SW_ASSIGN_OR_RETURN(std::string text,
+                      ReadFileToString((root / "tokenizer_config.json").string()));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("chat_template")) return std::string();
+  const nlohmann::json& t = j["chat_template"];
+  if (t.is_string()) return digest_of(t.get<std::string>());
+  if (t.is_array()) {
+    const nlohmann::json* pick = nullptr;
+    for (const nlohmann::json& e : t) {
+      if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+      if (pick == nullptr || e.value("name", "") == "default") pick = &e;
+      if (e.value("name", "") == "default") break;
+    }
+    if (pick != nullptr) return digest_of((*pick)["template"].get<std::string>());
+  }
+  return std::string();
+}
+
+}  // namespace
 namespace {
 
 constexpr char kTextPrefix[] = "model.";
@@ -245,6 +281,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
           DigestBytes(std::as_bytes(std::span<const char>(tok.data(), tok.size())));
     }
     c.specwire_version = SPECWIRE_VERSION;
+    SW_ASSIGN_OR_RETURN(c.chat_template_digest, ChatTemplateDigest(dir));
     return absl::OkStatus();
   });
   SW_RETURN_IF_ERROR(status);

@@ -131,3 +131,31 @@ def test_model_directory_sources_and_records(tmp_path):
     boom = ChatTemplate("{{ raise_exception('no system role') }}")
     with pytest.raises(Exception, match="no system role"):
         boom.render([])
+
+
+def test_the_extractor_contract_names_the_targets_chat_template(server_factory, tmp_path):
+    """The contract's chat_template_digest is the digest a TemplateRecord carries."""
+    import shutil
+
+    from specwire_client import ExtractorClient
+    model = tmp_path / "with-template"
+    shutil.copytree(REPO / "models" / "tiny-qwen3", model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "tool_use", "template": "T"},
+                               {"name": "default",
+                                "template": (DATA / "llama3.jinja").read_text()}]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    server = server_factory(model, metrics=False)
+    with ExtractorClient(server.address, timeout=60) as c:
+        digest = c.model_info().chat_template_digest
+    assert digest == ChatTemplate.from_model_dir(model).digest
+    assert digest.startswith("xxh3-128:")
+    server.stop()
+    (model / "chat_template.jinja").write_text((DATA / "qwen3.jinja").read_text())
+    server = server_factory(model, metrics=False)
+    with ExtractorClient(server.address, timeout=60) as c:
+        assert c.model_info().chat_template_digest == ChatTemplate.from_model_dir(model).digest
+    server.stop()
+    with ExtractorClient(server_factory(REPO / "models" / "tiny-qwen3",
+                                        metrics=False).address, timeout=60) as c:
+        assert c.model_info().chat_template_digest == ""  # no template shipped

@@ -38,6 +38,7 @@ class Contract:
     weights_digest: str
     tokenizer_digest: str
     specwire_version: str
+    chat_template_digest: str = ""  # of the target's chat template ("" when it has none)
 
     @classmethod
     def from_proto(cls, msg: Any) -> "Contract":
@@ -60,6 +61,7 @@ class Contract:
             weights_digest=msg.weights_digest,
             tokenizer_digest=msg.tokenizer_digest,
             specwire_version=msg.specwire_version,
+            chat_template_digest=msg.chat_template_digest,
         )
 
     def to_dict(self) -> dict[str, Any]:
