@@ -27,7 +27,8 @@ import torch
 from extractor_harness import ExtractorServer, build_dir
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specwire_client import ChannelSecurity, ExtractorClient, ExtractorError, FeatureDataset
+from specwire_client import (ChannelSecurity, ExtractorClient, ExtractorError, FeatureDataset,
+                             RetryPolicy)
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2 as spb
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2_grpc as spb_grpc
 
@@ -122,7 +123,8 @@ def test_feature_dataset_over_mtls_and_token(servers, certs):
     assert [tuple(it["hidden_states"]["layer.1"].shape) for it in items] == [(3, 64), (4, 64),
                                                                               (2, 64)]
     # Without the token the same dataset is refused, not retried forever.
-    bare = FeatureDataset(s.address, seqs, [1], dtype="fp32", max_retries=0, timeout=30,
+    bare = FeatureDataset(s.address, seqs, [1], dtype="fp32", retry=RetryPolicy(max_retries=0),
+                          timeout=30,
                           security=ChannelSecurity.resolve(**_mtls(certs)))
     with pytest.raises(ExtractorError) as e:
         list(bare)
