@@ -127,8 +127,8 @@ print(f"{'mean':>8}  {'':>6}  {'':>10}  {'':>5}  {s['tau_mean_of_means']:6.3f}  
       f"{dd['tau_mean_of_means']:8.3f}")
 ci = s.get("tau_mean_of_means_ci")
 if ci:
-    print(f"\ntau {s['tau_mean_of_means']:.3f}, 95% interval [{ci[0]:.3f}, {ci[1]:.3f}] over "
-          f"{s['responses']} prompts ({r['settings']['text']})")
+    print(f"\ntau {s['tau_mean_of_means']:.3f}, 95% interval [{ci[0]:.3f}, {ci[1]:.3f}] "
+          f"({r['settings']['text']})")
 EOF
 echo
 echo "reports: $OUT/report.json"
