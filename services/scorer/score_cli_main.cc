@@ -491,12 +491,21 @@ absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& ext
     }
   }
   SW_ASSIGN_OR_RETURN(std::vector<CheckpointResult> rows, db->All());
-  std::printf("%-16s %10s %-12s %-7s %8s %8s\n", "run", "step", "eval set", "status", "tau",
-              "pooled");
+  // Every τ beside what it was measured with.
+  std::printf("eval settings: max_new_tokens %lld, drafter dtype %s, greedy; tau with its 95%% "
+              "bootstrap interval over the eval set's prompts\n",
+              static_cast<long long>(eval.evaluator.max_new_tokens),
+              DrafterOptionsFromFlags().dtype.c_str());
+  std::printf("%-16s %10s %-12s %-7s %6s %8s %8s %-20s %8s\n", "run", "step", "eval set",
+              "status", "block", "prompts", "tau", "95% interval", "pooled");
   for (const CheckpointResult& r : rows) {
-    std::printf("%-16s %10lld %-12s %-7s %8.3f %8.3f\n", r.run.c_str(),
+    const auto& ci = r.summary.tau_mean_of_means_ci;
+    char interval[64] = "";
+    if (ci) std::snprintf(interval, sizeof(interval), "[%.3f, %.3f]", ci->lo, ci->hi);
+    std::printf("%-16s %10lld %-12s %-7s %6d %8lld %8.3f %-20s %8.3f\n", r.run.c_str(),
                 static_cast<long long>(r.step), r.dataset.c_str(), r.status.c_str(),
-                r.summary.tau_mean_of_means, r.summary.tau_pooled);
+                r.summary.block_size, static_cast<long long>(r.summary.responses),
+                r.summary.tau_mean_of_means, interval, r.summary.tau_pooled);
   }
   return absl::OkStatus();
 }

@@ -389,3 +389,16 @@ def test_client_refuses_broken_streams(messages, error, match):
         c.extract([[5, 6, 7]], [1], dtype="fp32", request_id="r1")
     assert call.cancelled or not messages
     c.close()
+
+
+def test_dataset_takes_the_old_retry_arguments_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="RetryPolicy"):
+        ds = FeatureDataset(None, [[1]], [0], max_retries=7, backoff_initial=0.01,
+                            retry_codes=[grpc.StatusCode.UNAVAILABLE],
+                            client_factory=lambda: FlakyClient([], {}))
+    assert ds.retry == RetryPolicy(max_retries=7, backoff_initial=0.01)
+    with pytest.raises(TypeError, match="not both"):
+        FeatureDataset(None, [[1]], [0], retry=RetryPolicy(max_retries=1), max_retries=2,
+                       client_factory=lambda: FlakyClient([], {}))
+    with pytest.raises(TypeError, match="unexpected"):
+        FeatureDataset(None, [[1]], [0], max_retry=2, client_factory=lambda: FlakyClient([], {}))

@@ -88,6 +88,25 @@ class RetryPolicy:
         return isinstance(e, IncompleteStream) and e.code not in _PERMANENT
 
 
+_LEGACY_RETRY = {"max_retries": "max_retries", "backoff_initial": "backoff_initial",
+                 "backoff_multiplier": "backoff_multiplier", "backoff_max": "backoff_max",
+                 "retry_codes": "codes"}
+
+
+def _legacy_retry_policy(retry: RetryPolicy, given: Mapping[str, Any]) -> RetryPolicy:
+    """The five retry arguments of earlier versions, folded into a RetryPolicy (deprecated)."""
+    import warnings
+    unknown = sorted(set(given) - set(_LEGACY_RETRY))
+    if unknown:
+        raise TypeError(f"FeatureDataset: unexpected keyword argument(s) {unknown}")
+    if retry != RetryPolicy():
+        raise TypeError("FeatureDataset: give retry=RetryPolicy(...) or the old retry "
+                        f"arguments {sorted(given)}, not both")
+    warnings.warn(f"FeatureDataset({', '.join(sorted(given))}=...) is deprecated: pass "
+                  "retry=RetryPolicy(...)", DeprecationWarning, stacklevel=3)
+    return dataclasses.replace(retry, **{_LEGACY_RETRY[k]: v for k, v in given.items()})
+
+
 def _distributed_rank() -> tuple[int, int]:
     """(rank, world size) of torch.distributed when it is initialised, else (0, 1)."""
     try:
@@ -138,8 +157,11 @@ class FeatureDataset(IterableDataset):
                  security: ChannelSecurity | None = None,
                  client_factory: Callable[[], ExtractorClient] | None = None,
                  rank: int | None = None, world_size: int | None = None,
-                 shuffle: bool = False, seed: int = 0, epoch: int = 0, start: int = 0) -> None:
+                 shuffle: bool = False, seed: int = 0, epoch: int = 0, start: int = 0,
+                 **legacy_retry: Any) -> None:
         super().__init__()
+        if legacy_retry:
+            retry = _legacy_retry_policy(retry, legacy_retry)
         if target is None and client_factory is None:
             raise ValueError("give target or client_factory")
         if sequences_per_request < 1 or prefetch_depth < 1:
