@@ -303,24 +303,27 @@ std::vector<SampledAcceptance> TeacherForcedAcceptance(
       std::vector<int64_t> argmax(m);
       at::Tensor am = draft.narrow(0, 0, m).argmax(-1).to(at::kCPU);
       for (int64_t k = 0; k < m; ++k) argmax[k] = am[k].item<int64_t>();
-      for (SampledAcceptance& a : out) {
-        double tau = 1, run = 1;
+      // out holds (argmax_draft, draft_distribution) per setting: p once for both rules.
+      for (size_t i = 0; i + 1 < out.size(); i += 2) {
+        SampledAcceptance& by_argmax = out[i];
+        SampledAcceptance& by_q = out[i + 1];
+        double tau[2] = {1, 1}, run[2] = {1, 1};
         for (int64_t k = 0; k < m; ++k) {
-          at::Tensor p = SamplingDistribution(target[k], a.setting);
-          double alpha = 0;
-          if (a.rule == kRuleArgmaxDraft) {
-            alpha = p[argmax[k]].item<double>();
-          } else {
-            at::Tensor q = SamplingDistribution(draft[k], a.setting);
-            alpha = at::minimum(p, q).sum().item<double>();
+          const at::Tensor p = SamplingDistribution(target[k], by_argmax.setting);
+          const at::Tensor q = SamplingDistribution(draft[k], by_q.setting);
+          const double alpha[2] = {
+              std::clamp(p[argmax[k]].item<double>(), 0.0, 1.0),
+              std::clamp(at::minimum(p, q).sum().item<double>(), 0.0, 1.0)};
+          SampledAcceptance* rule[2] = {&by_argmax, &by_q};
+          for (int r = 0; r < 2; ++r) {
+            rule[r]->alpha_sum[k] += alpha[r];
+            ++rule[r]->alpha_blocks[k];
+            run[r] *= alpha[r];
+            tau[r] += run[r];
           }
-          alpha = std::clamp(alpha, 0.0, 1.0);
-          a.alpha_sum[k] += alpha;
-          ++a.alpha_blocks[k];
-          run *= alpha;
-          tau += run;
         }
-        a.block_tau.push_back(tau);
+        by_argmax.block_tau.push_back(tau[0]);
+        by_q.block_tau.push_back(tau[1]);
       }
     } else {
       for (SampledAcceptance& a : out) a.block_tau.push_back(1.0);

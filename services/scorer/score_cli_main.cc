@@ -191,9 +191,10 @@ absl::StatusOr<std::vector<SamplingSetting>> ParseSamplingSettings(absl::string_
   return out;
 }
 
-absl::StatusOr<ScoreSpec> SpecFromFlags() {
+// The job the flags describe; `drafter` ("" : --drafter) is the directory to score.
+absl::StatusOr<ScoreSpec> SpecFromFlags(const std::string& drafter) {
   ScoreSpec s;
-  s.drafter_path = absl::GetFlag(FLAGS_drafter);
+  s.drafter_path = drafter.empty() ? absl::GetFlag(FLAGS_drafter) : drafter;
   if (s.drafter_path.empty()) return absl::InvalidArgumentError("--drafter is required");
   s.dataset_path = absl::GetFlag(FLAGS_dataset);
   if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
@@ -518,8 +519,7 @@ absl::StatusOr<ScoreReport> ScoreOne(const ScorerConnection& scorer,
   if (via_scorer == !extractors.address.empty()) {
     return absl::InvalidArgumentError("give exactly one of --scorer and --extractor (see --help)");
   }
-  if (!drafter.empty()) absl::SetFlag(&FLAGS_drafter, drafter);
-  SW_ASSIGN_OR_RETURN(ScoreSpec spec, SpecFromFlags());
+  SW_ASSIGN_OR_RETURN(ScoreSpec spec, SpecFromFlags(drafter));
   if (via_scorer && spec.job_id.empty()) spec.job_id = RandomJobId();
   ScoreReport report = NewReport(spec);
   ProgressDisplay progress(absl::GetFlag(FLAGS_quiet));
