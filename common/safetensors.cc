@@ -169,6 +169,8 @@ const char* DTypeName(DType d) {
       return "F16";
     case DType::kF32:
       return "F32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -180,6 +182,8 @@ size_t DTypeSize(DType d) {
       return 2;
     case DType::kF32:
       return 4;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }

@@ -22,11 +22,14 @@
 
 namespace specwire {
 
-enum class DType { kBF16, kF16, kF32 };
+// kI64 is for files specwire writes (token ids beside states); checkpoints are read as floats
+// only, so ParseDTypeName does not accept it.
+enum class DType { kBF16, kF16, kF32, kI64 };
 
-// "BF16" / "F16" / "F32".
+// "BF16" / "F16" / "F32" / "I64".
 const char* DTypeName(DType d);
 size_t DTypeSize(DType d);
+// The floating dtypes a checkpoint may hold: BF16, F16, F32.
 absl::StatusOr<DType> ParseDTypeName(std::string_view name);
 
 // A tensor inside a mapped file. Non-owning: valid while the SafetensorsFile lives.

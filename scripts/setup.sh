@@ -49,6 +49,16 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   "$VENV/bin/pip" install -q --no-deps dflash==0.1.0
   echo "$want" > "$STAMP"
 fi
+# SpecForge's and speculators' own code, for the export tests only: --no-deps into a directory of
+# its own (their torch / transformers pins clash with ours), put on PYTHONPATH by those tests.
+ORACLES=$VENV/trainer-oracles
+want_oracles=$(sha256sum requirements-trainers.txt | cut -c1-16)
+if [ ! -f "$ORACLES/.stamp" ] || [ "$(cat "$ORACLES/.stamp")" != "$want_oracles" ]; then
+  log "installing the trainers' reference packages (.venv/trainer-oracles)"
+  rm -rf "$ORACLES"
+  "$VENV/bin/pip" install -q --no-deps --target "$ORACLES" -r requirements-trainers.txt
+  echo "$want_oracles" > "$ORACLES/.stamp"
+fi
 # The Python client, editable; its gRPC stubs are generated from proto/ at install time, so it is
 # reinstalled whenever a .proto is newer than them (its dependencies are pinned above).
 stubs=clients/python/specwire_client/_generated/proto/specwire/v1/extractor_pb2.py

@@ -6,6 +6,8 @@
 //   specwire-cli generate --tokens 1,2,3 | --text S  [--max_new_tokens N] [--out FILE ...]
 //   specwire-cli health   [--extractor H:P | --scorer H:P] [--service NAME]
 //                         (exit 0 only when SERVING)
+//   specwire-cli export   --dataset F.jsonl --format specforge|speculators --layout dflash|eagle3
+//                         [--layers 1,3 | --drafter DIR] [--wire_dtype bf16|fp32] --out DIR
 //
 // The connection flags are the shared sets (clients/cpp/extractor_connection_flags.h,
 // scorer_connection_flags.h), spelled as in specwire-scorer and specwire-score: --extractor,
@@ -28,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "clients/cli/feature_export.h"
 #include "clients/cpp/extractor_client.h"
 #include "clients/cpp/extractor_connection_flags.h"
 #include "clients/cpp/health_check.h"
@@ -55,12 +58,22 @@ ABSL_FLAG(std::string, wire_dtype, "bf16",
           "Dtype of the states on the wire: bf16 | fp32 | auto (the served target's compute "
           "dtype: fp32 for a float32 target, bf16 otherwise).");
 ABSL_FLAG(uint32_t, chunk_bytes, 0, "Chunk size asked of the server; 0: its default.");
-ABSL_FLAG(std::string, out, "", "Output safetensors file (extract; optional for generate).");
+ABSL_FLAG(std::string, out, "",
+          "Output safetensors file (extract; optional for generate); export: the directory.");
 ABSL_FLAG(std::string, request_id, "", "Echoed by the server in its trailer and logs.");
 ABSL_FLAG(uint32_t, max_new_tokens, 32, "generate: tokens to generate at most.");
 ABSL_FLAG(std::string, stop, "", "generate: extra stop token ids, comma-separated.");
 ABSL_FLAG(bool, ignore_model_eos, false, "generate: do not stop at the model's eos_token_id.");
 ABSL_FLAG(bool, decode, false, "generate: add the completion's text (the server's detokenizer).");
+ABSL_FLAG(std::string, dataset, "",
+          "export: JSONL of prepared lines {\"input_ids\": [...], \"loss_mask\": [...], "
+          "\"chat_template\": {...}}; loss_mask optional (every token supervised).");
+ABSL_FLAG(std::string, format, "", "export: specforge | speculators (the trainer's offline layout).");
+ABSL_FLAG(std::string, layout, "", "export: dflash | eagle3 (which states, concatenated how).");
+ABSL_FLAG(std::string, drafter, "",
+          "export: drafter directory whose config.json names the layers (dflash_config."
+          "target_layer_ids, or eagle_aux_hidden_state_layer_ids); --layers overrides it.");
+ABSL_FLAG(uint32_t, sequences_per_request, 8, "export: sequences sent in one Extract call.");
 ABSL_FLAG(std::string, service, "",
           "health: the service to check, e.g. specwire.v1.Scorer; \"\" is the server as a whole.");
 
@@ -74,6 +87,9 @@ Commands:
   extract    fetch hidden states of sequences and write them to a safetensors file
   generate   greedy completions of prompts, printed as a JSON list; with --out, also the hidden
              states of prompt + completion
+  export     extract a dataset's features and write them as SpecForge's or speculators' offline
+             dataset (--format, --layout dflash|eagle3, --layers or --drafter, --out DIR), with
+             the extraction contract in DIR/specwire_export.json
   health     grpc.health.v1 check of any specwire server: the extractor (--extractor*, the
              default) or a scorer (--scorer*); prints the status; exit 0 only when SERVING
              (container and Kubernetes probes)
@@ -321,6 +337,56 @@ absl::Status RunGenerate(ExtractorClient& client, const GenerateParams& p, const
   return absl::OkStatus();
 }
 
+struct ExportFlags {
+  ExportSpec spec;
+  std::vector<ExportRow> rows;
+  nlohmann::json drafter;  // null without --drafter
+  bool layers_given = false;
+  std::string out;
+};
+
+absl::StatusOr<ExportFlags> ExportFlagsFromFlags() {
+  ExportFlags f;
+  f.spec.format = absl::GetFlag(FLAGS_format);
+  f.spec.layout = absl::GetFlag(FLAGS_layout);
+  SW_RETURN_IF_ERROR(CheckFormatAndLayout(f.spec.format, f.spec.layout));
+  f.out = absl::GetFlag(FLAGS_out);
+  if (f.out.empty()) return absl::InvalidArgumentError("--out: give the export's directory");
+  if (absl::GetFlag(FLAGS_dataset).empty()) return absl::InvalidArgumentError("--dataset is required for export");
+  SW_ASSIGN_OR_RETURN(RequestedStates states, ReadStates());
+  if (states.embedding || states.final_norm) {
+    return absl::InvalidArgumentError("--embedding / --final_norm: export takes the layout's states "
+                                      "(--layout, --layers)");
+  }
+  f.spec.layer_ids = states.layer_ids;
+  f.layers_given = !states.layer_ids.empty();
+  if (const std::string d = absl::GetFlag(FLAGS_drafter); !d.empty()) {
+    SW_ASSIGN_OR_RETURN(std::string text, ReadFile(d + "/config.json"));
+    f.drafter = nlohmann::json::parse(text, nullptr, false);
+    if (f.drafter.is_discarded() || !f.drafter.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("--drafter: ", d, "/config.json is not a JSON object"));
+    }
+  }
+  SW_ASSIGN_OR_RETURN(f.rows, ReadExportDataset(absl::GetFlag(FLAGS_dataset)));
+  return f;
+}
+
+absl::Status RunExport(ExtractorClient& client, ExportFlags& f) {
+  SW_ASSIGN_OR_RETURN(ExtractionContract contract, client.Info());
+  SW_ASSIGN_OR_RETURN(f.spec.dtype, ResolveWireDType(client));
+  if (!f.layers_given) {
+    SW_ASSIGN_OR_RETURN(f.spec.layer_ids,
+                        DefaultExportLayers(f.spec.layout, contract.num_layers,
+                                            f.drafter.is_null() ? nullptr : &f.drafter));
+  }
+  SW_RETURN_IF_ERROR(CheckExportLayers(f.spec.layout, f.spec.layer_ids, contract.num_layers));
+  ExportOptions options;
+  options.sequences_per_request = absl::GetFlag(FLAGS_sequences_per_request);
+  options.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.source = absl::GetFlag(FLAGS_dataset);
+  return ExportFeatures(client, contract, f.spec, f.rows, f.out, options, std::cout);
+}
+
 // "specwire-cli: CODE: message" on stderr; returns the exit status `code`.
 int Fail(const absl::Status& s, int code) {
   std::cerr << "specwire-cli: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
@@ -350,18 +416,27 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> args = ParseCommandLineFlags(argc, argv, kUsage);
   if (args.size() != 1) {
     return Fail(absl::InvalidArgumentError(
-                    args.empty() ? "give a command: info, extract, generate or health (see --help)"
+                    args.empty() ? "give a command: info, extract, generate, export or health (see --help)"
                                  : "unexpected argument " + args[1]),
                 2);
   }
   const std::string& command = args[0];
-  if (command != "info" && command != "extract" && command != "generate" && command != "health") {
+  if (command != "info" && command != "extract" && command != "generate" && command != "health" &&
+      command != "export") {
     return Fail(absl::InvalidArgumentError("unknown command " + command + " (see --help)"), 2);
   }
   // Every flag is checked before the first call.
   absl::StatusOr<ExtractParams> extract;
   absl::StatusOr<GenerateParams> generate;
-  if (command == "extract") {
+  absl::StatusOr<ExportFlags> export_flags;
+  if (command == "export") {
+    export_flags = ExportFlagsFromFlags();
+    if (!export_flags.ok()) return Fail(export_flags.status(), 2);
+    if (absl::GetFlag(FLAGS_wire_dtype) != "auto") {
+      auto d = ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), "");
+      if (!d.ok()) return Fail(d.status(), 2);
+    }
+  } else if (command == "extract") {
     extract = ExtractParamsFromFlags();
     if (!extract.ok()) return Fail(extract.status(), 2);
   } else if (command == "generate") {
@@ -384,6 +459,8 @@ int Main(int argc, char** argv) {
     auto c = client.Info();
     if (c.ok()) std::cout << ContractToJson(*c) << "\n";
     s = c.status();
+  } else if (command == "export") {
+    s = RunExport(client, *export_flags);
   } else if (command == "extract") {
     auto dtype = ResolveWireDType(client);
     s = dtype.status();

@@ -16,6 +16,7 @@ at::ScalarType ToScalarType(DType d) {
     case DType::kBF16: return at::kBFloat16;
     case DType::kF16: return at::kHalf;
     case DType::kF32: return at::kFloat;
+    case DType::kI64: return at::kLong;
   }
   return at::kFloat;
 }

@@ -11,6 +11,8 @@
     ExtractorError    every error (ContractMismatch, IncompleteStream, CorruptStream below it)
     ChatTemplate      a model's chat template rendered as transformers does; prepare() gives
                       token ids, the assistant loss mask and the TemplateRecord
+    export_features   features written as SpecForge's or speculators' offline datasets (DFlash
+                      or EAGLE-3 layout), the extraction contract beside them
     ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
                       uploads a drafter checkpoint and returns its scores (CheckpointScores)
 
@@ -25,6 +27,7 @@ from .chat import ChatTemplate, PreparedChat, TemplateRecord, write_prepared_dat
 from .contract import Contract, ContractExpectation, SkippedTensors
 from .crc32c import crc32c
 from .dataset import FeatureDataset, RetryPolicy, pad_collate
+from .export import export_features
 from .errors import ContractMismatch, CorruptStream, ExtractorError, IncompleteStream
 from .scorer import CheckpointScores, DatasetScore, ScorerClient, ScorerError
 from .security import ChannelSecurity
@@ -37,5 +40,5 @@ __all__ = [
     "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
     "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "RetryPolicy",
     "SequenceStates", "SkippedTensors", "StreamResult", "channel_target", "crc32c",
-    "extractor_pb2", "extractor_pb2_grpc", "pad_collate", "wire_dtype",
+    "export_features", "extractor_pb2", "extractor_pb2_grpc", "pad_collate", "wire_dtype",
 ]
