@@ -1,6 +1,8 @@
 #include "clients/cli/feature_export.h"
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -8,14 +10,12 @@
 #include <map>
 #include <set>
 
-#include <torch/csrc/jit/serialization/pickle.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "clients/cli/arrow_stream.h"
+#include "clients/cli/torch_save.h"
 #include "common/contract.h"
 #include "common/digest.h"
-#include "common/models/torch_util.h"
 #include "common/status.h"
 
 namespace specwire {
@@ -42,20 +42,27 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
   return absl::OkStatus();
 }
 
-at::Tensor StateTensor(const ReceivedState& s) {
-  return at::from_blob(const_cast<std::byte*>(s.bytes.data()), {s.rows, s.hidden},
-                       at::TensorOptions().dtype(ToScalarType(s.dtype)))
-      .clone();
+std::string LongBytes(const std::vector<int64_t>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
 }
 
-at::Tensor LongTensor(const std::vector<int64_t>& v) {
-  return at::from_blob(const_cast<int64_t*>(v.data()), {static_cast<int64_t>(v.size())},
-                       at::TensorOptions().dtype(at::kLong))
-      .clone();
-}
-
-std::span<const std::byte> Bytes(const at::Tensor& t) {
-  return {static_cast<const std::byte*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+// [T, sum of widths]: each row holds the states' rows side by side (torch.cat(states, -1)). With
+// equal widths the same bytes are [T, n, H] (torch.stack(states, 1)).
+std::string ConcatRows(const std::vector<const ReceivedState*>& states) {
+  const int64_t rows = states.front()->rows;
+  const size_t size = DTypeSize(states.front()->dtype);
+  size_t width = 0;
+  for (const ReceivedState* s : states) width += static_cast<size_t>(s->hidden) * size;
+  std::string out(static_cast<size_t>(rows) * width, '\0');
+  size_t at = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (const ReceivedState* s : states) {
+      const size_t n = static_cast<size_t>(s->hidden) * size;
+      std::memcpy(out.data() + at, s->bytes.data() + static_cast<size_t>(r) * n, n);
+      at += n;
+    }
+  }
+  return out;
 }
 
 // The specwire state behind each selected layer: SpecForge reads id k as transformers'
@@ -146,32 +153,53 @@ absl::Status WriteSpeculatorsRows(const std::string& dir, const std::vector<Expo
 absl::Status WriteSample(const ExportSpec& spec, int32_t num_layers, const std::string& dir,
                          size_t index, const ExportRow& row,
                          const std::map<std::string, const ReceivedState*>& states) {
-  auto state = [&](const std::string& name) { return StateTensor(*states.at(name)); };
-  std::vector<at::Tensor> layers;
-  for (const std::string& name : LayerStates(spec, num_layers)) layers.push_back(state(name));
-  const at::Tensor ids = LongTensor(row.input_ids);
+  std::vector<const ReceivedState*> layers;
+  for (const std::string& name : LayerStates(spec, num_layers)) {
+    auto it = states.find(name);
+    if (it == states.end()) {
+      return absl::DataLossError(absl::StrCat("sample ", index, ": the stream has no ", name));
+    }
+    layers.push_back(it->second);
+  }
+  const int64_t t = static_cast<int64_t>(row.input_ids.size());
+  for (const ReceivedState* s : layers) {
+    if (s->rows != t) {
+      return absl::DataLossError(absl::StrCat("sample ", index, ": ", s->state, " has ", s->rows,
+                                              " rows for ", t, " tokens"));
+    }
+  }
+  const int64_t hidden = layers.front()->hidden;
+  const std::string ids = LongBytes(row.input_ids);
   if (spec.format == "speculators") {
-    layers.push_back(state(absl::StrCat("layer.", num_layers - 1)));
-    const at::Tensor stacked = at::stack(layers, 1).contiguous();
-    std::vector<int64_t> shape(stacked.sizes().begin(), stacked.sizes().end());
+    layers.push_back(states.at(absl::StrCat("layer.", num_layers - 1)));
+    const std::string stacked = ConcatRows(layers);  // [T, n, H] = stack(states, 1)
     return WriteSafetensors(
         absl::StrCat(dir, "/hidden_states/hs_", index, ".safetensors"),
-        {{"hidden_states", spec.dtype, shape, Bytes(stacked)},
-         {"token_ids", DType::kI64, {static_cast<int64_t>(row.input_ids.size())}, Bytes(ids)}});
+        {{"hidden_states", spec.dtype, {t, static_cast<int64_t>(layers.size()), hidden},
+          std::as_bytes(std::span(stacked))},
+         {"token_ids", DType::kI64, {t}, std::as_bytes(std::span(ids))}});
   }
-  c10::Dict<std::string, at::Tensor> d;
-  d.insert("input_ids", ids);
-  d.insert("loss_mask", LongTensor(row.loss_mask));
+  const int64_t width = hidden * static_cast<int64_t>(layers.size());
+  std::vector<SavedTensor> d = {{"input_ids", DType::kI64, {t}, ids},
+                                {"loss_mask", DType::kI64, {t}, LongBytes(row.loss_mask)}};
   if (spec.layout == "dflash") {
-    d.insert("hidden_states", at::cat(layers, -1).contiguous());
+    d.push_back({"hidden_states", spec.dtype, {t, width}, ConcatRows(layers)});
   } else {
-    d.insert("hidden_state", state("final_norm").unsqueeze(0).contiguous());
-    d.insert("aux_hidden_state", at::cat(layers, -1).unsqueeze(0).contiguous());
+    const ReceivedState* norm = states.at("final_norm");
+    d.push_back({"hidden_state", spec.dtype, {1, t, norm->hidden},
+                 std::string(reinterpret_cast<const char*>(norm->bytes.data()), norm->bytes.size())});
+    d.push_back({"aux_hidden_state", spec.dtype, {1, t, width}, ConcatRows(layers)});
   }
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(d));
+  size_t total = 0;
+  for (const SavedTensor& x : d) total += x.bytes.size();
+  if (total >= (uint64_t{1} << 32) - (1 << 20)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "sample ", index, ": ", total, " bytes of states; a .ckpt over 4 GiB needs zip64, which "
+        "the export does not write (shorten the sequence or export fewer layers)"));
+  }
   char name[32];
   std::snprintf(name, sizeof(name), "/data_%08zu.ckpt", index);
-  return WriteFileAtomically(dir + name, std::string(bytes.begin(), bytes.end()));
+  return WriteFileAtomically(dir + name, TorchSaveDict(d));
 }
 
 absl::StatusOr<std::vector<int64_t>> IntList(const json& v, size_t line, const char* field) {

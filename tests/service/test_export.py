@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,9 @@ def test_python_and_cli_write_the_same_tensors(exports):
         for n in names:
             if n.endswith(".ckpt"):
                 a, b = (torch.load(d / n, weights_only=False, mmap=True) for d in (py, cli))
+                with zipfile.ZipFile(cli / n) as z:  # specwire-cli's own zip: CRCs, alignment
+                    assert z.testzip() is None
+                    assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
             elif n.endswith(".safetensors"):
                 a, b = (load_file(d / n) for d in (py, cli))
             else:
