@@ -7,6 +7,7 @@
 //   specwire-replay draft    --drafter DIR --target_checkpoint DIR --cases F.safetensors
 //                            --out F.safetensors
 //   specwire-replay ddtree   --cases F.json
+//   specwire-replay features --drafter DIR --target_checkpoint DIR --cases F.safetensors
 //
 // replay prints one JSON object: per response the trajectory, the DFlash step lengths and the
 // DDTree-N step lengths; the summary (acceptance.h); and the in-process time of the replay alone
@@ -24,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/models/torch_util.h"
@@ -34,6 +36,7 @@
 #include "services/scorer/acceptance.h"
 #include "services/scorer/drafter.h"
 #include "services/scorer/replay.h"
+#include "services/scorer/statistics.h"
 
 ABSL_FLAG(std::string, drafter, "", "DFlash drafter (config.json + *.safetensors, z-lab format).");
 ABSL_FLAG(std::string, target_checkpoint, "",
@@ -61,6 +64,8 @@ ABSL_FLAG(std::string, cases, "",
           "draft: safetensors with case.{i}.features and metadata \"cases\"; ddtree: JSON "
           "{\"budgets\": [...], \"cases\": [{\"log_probs\", \"truth\"}]}.");
 ABSL_FLAG(std::string, out, "", "draft: output safetensors.");
+ABSL_FLAG(int32_t, bootstrap_resamples, 1000, "features: bootstrap resamples of the intervals.");
+ABSL_FLAG(uint64_t, bootstrap_seed, 0, "features: bootstrap seed.");
 
 namespace specwire {
 namespace {
@@ -74,7 +79,10 @@ Commands:
                     acceptance replay; prints JSON (responses, summary, timing)
   draft             drafter forward on given context features (parity tests): writes the final
                     hidden states and logits of each block to --out
-  ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out))";
+  ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out)
+  features          the DFlash replay of the same trajectories on two sets of context features
+                    (canonical and foreign, e.g. from another stack): both τ and the paired Δτ
+                    with its bootstrap interval, as JSON (specwire_client.audit uses it))";
 
 absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) {
   SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
@@ -376,6 +384,100 @@ absl::Status RunDDTree() {
   return absl::OkStatus();
 }
 
+json IntervalJson(const std::optional<Interval>& i) {
+  return i ? json::array({i->lo, i->hi}) : json(nullptr);
+}
+
+// features: case.{i}.canonical and case.{i}.foreign [T_i, n × H] (the drafter's context features
+// of trajectory i, any float dtype), metadata cases = [{"trajectory": [...], "prompt_len": P,
+// "max_length": M (optional)}, ...]. Both sets are replayed on the same trajectories; the
+// comparison pairs them prompt by prompt (Δτ = foreign − canonical).
+absl::Status RunFeatures() {
+  SW_ASSIGN_OR_RETURN(Models m, LoadModels());
+  const std::string cases_path = absl::GetFlag(FLAGS_cases);
+  if (cases_path.empty()) return absl::InvalidArgumentError("features needs --cases");
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
+  auto meta = in->metadata().find("cases");
+  if (meta == in->metadata().end()) {
+    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
+  }
+  const json cases = json::parse(meta->second, nullptr, false);
+  if (cases.is_discarded() || !cases.is_array() || cases.empty()) {
+    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a non-empty JSON list");
+  }
+  const DrafterConfig& dc = m.drafter->config();
+  const int64_t width = dc.target_hidden_size() * static_cast<int64_t>(dc.target_layer_ids.size());
+  std::vector<std::vector<int64_t>> trajectories(cases.size());
+  std::vector<int64_t> prompt_lens(cases.size()), max_lengths(cases.size());
+  std::map<std::string, std::vector<at::Tensor>> sets;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string what = absl::StrCat("--cases: case ", i);
+    if (!cases[i].is_object()) return absl::InvalidArgumentError(what + ": not an object");
+    SW_ASSIGN_OR_RETURN(trajectories[i], TokenList(cases[i].value("trajectory", json()),
+                                                   what + ".trajectory"));
+    const int64_t T = static_cast<int64_t>(trajectories[i].size());
+    prompt_lens[i] = cases[i].value("prompt_len", int64_t{0});
+    if (prompt_lens[i] < 1 || prompt_lens[i] >= T) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".prompt_len: ", prompt_lens[i],
+                                                     " must lie in [1, ", T - 1, "]"));
+    }
+    max_lengths[i] = cases[i].value("max_length", T);
+    for (const char* set : {"canonical", "foreign"}) {
+      const std::string name = absl::StrCat("case.", i, ".", set);
+      const TensorView* view = in->Find(name);
+      if (view == nullptr) return absl::InvalidArgumentError(absl::StrCat("--cases: ", name, " missing"));
+      if (view->shape != std::vector<int64_t>{T, width}) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cases: ", name, " has shape [", absl::StrJoin(view->shape, ", "), "]; the drafter reads [",
+            T, ", ", width, "] (", dc.target_layer_ids.size(), " layers × ", dc.target_hidden_size(), ")"));
+      }
+      sets[set].push_back(WrapView(*view).to(m.drafter->device(), m.drafter->dtype()));
+    }
+  }
+  ReplayOptions options;
+  options.ddtree_budgets.clear();
+  std::map<std::string, std::vector<ResponseAcceptance>> results;
+  SW_RETURN_IF_ERROR(RunGuarded("features", [&]() -> absl::Status {
+    AcceptanceReplay replay(m.drafter.get());
+    for (auto& [set, features] : sets) {
+      std::vector<ReplayInput> inputs;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        inputs.push_back({&trajectories[i], &features[i], prompt_lens[i], max_lengths[i]});
+      }
+      results[set] = replay.RunBatch(inputs, options);
+    }
+    return absl::OkStatus();
+  }));
+  BootstrapOptions bootstrap;
+  bootstrap.resamples = absl::GetFlag(FLAGS_bootstrap_resamples);
+  bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
+  std::map<std::string, std::vector<const std::vector<int32_t>*>> lists;
+  json out, responses = json::array();
+  for (const auto& [set, r] : results) {
+    for (const ResponseAcceptance& a : r) lists[set].push_back(&a.step_lengths);
+    const TauEstimate tau = EstimateTau(lists[set], bootstrap);
+    out[set] = {{"tau", tau.mean_of_means}, {"tau_ci", IntervalJson(tau.mean_of_means_ci)},
+                {"pooled", tau.pooled}, {"steps", tau.steps}};
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    responses.push_back({{"canonical", results["canonical"][i].step_lengths},
+                         {"foreign", results["foreign"][i].step_lengths}});
+  }
+  const PairedComparison c = ComparePaired(lists["canonical"], lists["foreign"], bootstrap);
+  out["delta_tau"] = c.delta;
+  out["delta_tau_ci"] = IntervalJson(c.delta_ci);
+  out["prompts"] = c.prompts;
+  out["foreign_better"] = c.b_better;
+  out["canonical_better"] = c.a_better;
+  out["ties"] = c.ties;
+  out["responses"] = responses;
+  out["block_size"] = dc.block_size;
+  out["target_layer_ids"] = dc.target_layer_ids;
+  out["bootstrap"] = {{"resamples", bootstrap.resamples}, {"seed", bootstrap.seed}};
+  std::cout << out.dump() << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   if (args.size() > 1) return absl::InvalidArgumentError("unexpected argument " + args[1]);
   const std::string command = args.empty() ? "replay" : args[0];
@@ -387,6 +489,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (command == "replay") return RunReplay();
   if (command == "draft") return RunDraft();
   if (command == "ddtree") return RunDDTree();
+  if (command == "features") return RunFeatures();
   return absl::InvalidArgumentError("unknown command " + command + " (see --help)");
 }
 

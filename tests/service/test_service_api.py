@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 import torch
-from extractor_harness import hf_fixtures, metric_value, random_sequences
+from extractor_harness import hf_fixtures, metric_value, random_sequences, wait_for_metric
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import load_file
 
@@ -91,6 +91,10 @@ def test_metrics_endpoint(fp32_server, client):
     client.extract([[1, 2, 3, 4]], [0], dtype="bf16")
     with pytest.raises(ExtractorError):
         client.extract([[1, 999]], [0])
+    # A call is counted when the server finishes it, which may come after the client has its
+    # status: wait for the refused one before reading the rest.
+    wait_for_metric(fp32_server, "specwire_extractor_requests_total", lambda v: v >= 1,
+                    method="Extract", code="INVALID_ARGUMENT")
     text = fp32_server.metrics()
     for name in ("specwire_extractor_requests_total", "specwire_extractor_tokens_total",
                  "specwire_extractor_streamed_bytes_total",

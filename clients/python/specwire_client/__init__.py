@@ -13,6 +13,8 @@
                       token ids, the assistant loss mask and the TemplateRecord
     export_features   features written as SpecForge's or speculators' offline datasets (DFlash
                       or EAGLE-3 layout), the extraction contract beside them
+    audit (module)    are features made elsewhere the canonical ones? audit_features, the readers
+                      of SpecForge / vLLM / speculators / transformers captures, acceptance_impact
     ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
                       uploads a drafter checkpoint and returns its scores (CheckpointScores)
 
