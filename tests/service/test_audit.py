@@ -100,6 +100,8 @@ def test_layer_ids_off_by_one(server, captures, tmp_path):
     bad = audit_features(server.address, read_features(tmp_path, "vllm", layer_ids=[2, 4],
                                                        num_layers=L))
     assert not bad.ok
+    page = bad.html()
+    assert page.count("<svg") == 2 and "FAIL" in page and "off by -1" in page
     f = findings(bad)
     assert any("declared layer.1 (hidden_states[2]), holds layer.0 (hidden_states[1]): the layer "
                "ids are off by -1" in x for x in f), f
@@ -197,7 +199,8 @@ def test_token_ids_from_another_thinking_flag(server, tmp_path):
     (tmp_path / "expected.jsonl").write_text(json.dumps({"input_ids": ids_off}) + "\n")
     r = subprocess.run([sys.executable, "-m", "specwire_client.audit", "--extractor",
                         server.address, "--features", str(out), "--expected",
-                        str(tmp_path / "expected.jsonl"), "--json", str(tmp_path / "r.json")],
+                        str(tmp_path / "expected.jsonl"), "--json", str(tmp_path / "r.json"),
+                        "--html", str(tmp_path / "r.html")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     n = next((i for i, (a, b) in enumerate(zip(ids_on, ids_off)) if a != b),
@@ -205,6 +208,7 @@ def test_token_ids_from_another_thinking_flag(server, tmp_path):
     assert f"token ids differ at position {n}" in r.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["ok"] is False and report["samples"][0]["tokens"]["first_difference"] == n
+    assert f"first difference at position {n}" in (tmp_path / "r.html").read_text()
     # The states themselves are canonical (for the ids that were used).
     assert all(t["level"] == "identical" for t in report["samples"][0]["tensors"])
 
@@ -313,3 +317,79 @@ def test_replay_features_refuses_bad_cases(tmp_path, tensors, cases, message):
                         "--target_checkpoint", str(TARGET), "--cases", str(path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def vlm_checkpoint(tmp_path_factory):
+    """A Qwen3.5 hybrid packaged as a vision-language model (model.language_model.*, a vision
+    tower, MTP tensors), as the tiny parity fixtures make it."""
+    import hybrid_fixtures
+    model = hybrid_fixtures.random_causal_lm("interval4", 0)
+    return hybrid_fixtures.save_vlm(model, tmp_path_factory.mktemp("vlm") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def vlm_server(server_factory, vlm_checkpoint):
+    return server_factory(vlm_checkpoint, dtype="float32")
+
+
+HYBRID_SEQUENCES = [[(7 * i + 3) % 512 for i in range(n)] for n in (80, 150)]
+
+
+def test_vision_language_class_sees_the_same_text_features(vlm_server, vlm_checkpoint, tmp_path):
+    """The incident class "evaluation loaded the VLM class, training the CausalLM class": with
+    transformers 5.23 and text-only input, AutoModel (the VLM class, layers under
+    model.language_model) and AutoModelForCausalLM compute the same hidden states bit for bit,
+    and both are specwire's canonical ones (what is true here; a different transformers or a
+    checkpoint whose language weights differ by packaging would show up as a mismatch)."""
+    import transformers
+    for cls in (transformers.AutoModel, transformers.AutoModelForCausalLM):
+        model = cls.from_pretrained(vlm_checkpoint, dtype=torch.float32).eval()
+        d = tmp_path / cls.__name__
+        d.mkdir()
+        for i, s in enumerate(HYBRID_SEQUENCES):
+            capture_hidden_states(model, s, d / f"seq{i}.safetensors")
+    from safetensors.torch import load_file
+    for i in range(len(HYBRID_SEQUENCES)):
+        a = load_file(tmp_path / "AutoModel" / f"seq{i}.safetensors")
+        b = load_file(tmp_path / "AutoModelForCausalLM" / f"seq{i}.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("AutoModel", "AutoModelForCausalLM"):
+        report = audit_features(vlm_server.address, read_hf(tmp_path / name))
+        assert report.ok, (name, report.table())
+
+
+def test_linear_attention_kernel_rounding_or_drift(vlm_server, vlm_checkpoint, tmp_path,
+                                                   monkeypatch):
+    """Another chunking of the gated delta rule (what a different kernel does: the same math,
+    other rounding) is rounding-level; a kernel whose output is 0.2 % off is drift, named."""
+    import transformers
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    original = mq.torch_chunk_gated_delta_rule
+    model = transformers.AutoModelForCausalLM.from_pretrained(vlm_checkpoint,
+                                                              dtype=torch.float32).eval()
+
+    def capture(tag, rule):
+        monkeypatch.setattr(mq, "torch_chunk_gated_delta_rule", rule)
+        d = tmp_path / tag
+        d.mkdir()
+        for i, s in enumerate(HYBRID_SEQUENCES):
+            capture_hidden_states(model, s, d / f"seq{i}.safetensors")
+        return audit_features(vlm_server.address, read_hf(d))
+
+    def rechunked(*a, **k):
+        k["chunk_size"] = 32
+        return original(*a, **k)
+
+    def off(*a, **k):
+        out, state = original(*a, **k)
+        return out * 1.002, state
+
+    same_math = capture("chunk32", rechunked)
+    assert same_math.ok, same_math.table()
+    assert set(levels(same_math).values()) <= {"identical", "rounding"}
+    drift = capture("off", off)
+    assert not drift.ok
+    got = levels(drift)
+    assert got[("hidden_states.0", 0)] == "identical"  # the embedding does not go through it
+    assert "drift" in got.values() and "mismatch" not in got.values(), drift.table()

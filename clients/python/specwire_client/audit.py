@@ -363,6 +363,95 @@ class AuditReport:
                                     else "NOT the canonical features (see above)"))
         return "\n".join(lines)
 
+    def html(self) -> str:
+        """A page: the verdict, the worst relative L2 of every tensor slice over the samples
+        (log-axis chart, per tap), the findings, and the error over positions of the worst slice."""
+        worst: dict[tuple[str, int], SliceMatch] = {}
+        for s in self.samples:
+            for t in s.tensors:
+                for m in t.slices:
+                    key = (t.name, m.slice)
+                    if key not in worst or m.rel_l2 > worst[key].rel_l2:
+                        worst[key] = m
+        rows = [(f"{n}[{j}] = {m.tap}" + (f" (declared {m.declared})" if m.declared and
+                                          m.declared != m.tap else ""), m.rel_l2, m.level)
+                for (n, j), m in worst.items()]
+        found = sorted({f"{t.name}: {f}" for s in self.samples for t in s.tensors
+                        for f in t.findings})
+        tokens = [s for s in self.samples if s.tokens is not None and not s.tokens.equal]
+        worst_slice = max(worst.values(), key=lambda m: m.rel_l2, default=None)
+        parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwire audit</title>"
+                 "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px}</style>"
+                 "</head><body><h1>Feature audit</h1>",
+                 f"<p><b>{'PASS' if self.ok else 'FAIL'}</b>: "
+                 + ("every tensor is the canonical state, where declared" if self.ok else
+                    "not the canonical features") + f" ({len(self.samples)} samples, target "
+                 f"{html_escape(str(self.contract.get('architecture', '')))}, "
+                 f"{self.contract.get('num_layers', '')} layers)</p>",
+                 "<p>Thresholds: relative L2 within rounding "
+                 + ", ".join(f"{str(k).replace('torch.', '')} ≤ {v:g}" for k, v in ROUNDING.items())
+                 + f"; drift: cosine ≥ {DRIFT_COSINE}.</p>",
+                 _svg_bars(rows, "worst relative L2 per tensor slice (log axis, 1e-9 .. 1)")]
+        if tokens:
+            parts.append("<h2>Token ids</h2><ul>" + "".join(
+                f"<li>sample {s.index}: first difference at position {s.tokens.first_difference}"
+                f": {html_escape(repr(s.tokens.foreign_token))} here, "
+                f"{html_escape(repr(s.tokens.expected_token))} expected</li>" for s in tokens)
+                + "</ul>")
+        if found:
+            parts.append("<h2>Findings</h2><ul>" + "".join(f"<li>{html_escape(f)}</li>"
+                                                            for f in found) + "</ul>")
+        if worst_slice is not None:
+            parts.append(_svg_profile(worst_slice.position_rel_error,
+                                      f"relative error over positions of the worst slice "
+                                      f"(matching {worst_slice.tap}; log axis)"))
+        parts.append("</body></html>")
+        return "".join(parts)
+
+
+def _svg_bars(rows: Sequence[tuple[str, float, str]], title: str) -> str:
+    """A horizontal bar chart of relative L2 errors on a log axis (1e-9 .. 1)."""
+    width, bar, left = 900, 18, 470
+    h = 30 + bar * len(rows)
+    colours = {"identical": "#2e7d32", "rounding": "#66bb6a", "drift": "#f9a825",
+               "mismatch": "#c62828"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
+           f'role="img" aria-label="{title}"><text x="4" y="14" font-size="12">{title}</text>']
+    for i, (label, rel, level) in enumerate(rows):
+        x = max(0.0, min(1.0, (math.log10(max(rel, 1e-9)) + 9) / 9)) * (width - left - 10)
+        y = 24 + i * bar
+        out.append(f'<text x="4" y="{y + 12}" font-size="11">{html_escape(label)}</text>'
+                   f'<rect x="{left}" y="{y}" width="{max(x, 1):.1f}" height="{bar - 4}" '
+                   f'fill="{colours.get(level, "#999")}"><title>{rel:.3e} {level}</title></rect>'
+                   f'<text x="{left + max(x, 1) + 4:.1f}" y="{y + 12}" font-size="10">'
+                   f'{rel:.1e} {level}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _svg_profile(values: Sequence[float], title: str) -> str:
+    """The relative error over positions (log axis) of one slice."""
+    width, height = 900, 160
+    if not values:
+        return ""
+    axis = "".join(
+        f'<line x1="40" x2="{width - 10}" y1="{20 + (height - 40) * (1 - e / 9):.1f}" '
+        f'y2="{20 + (height - 40) * (1 - e / 9):.1f}" stroke="#ddd"/>'
+        f'<text x="2" y="{24 + (height - 40) * (1 - e / 9):.1f}" font-size="10">1e{e - 9}</text>'
+        for e in (0, 3, 6, 9))
+    pts = []
+    for i, v in enumerate(values):
+        x = 40 + (width - 50) * (i / max(1, len(values) - 1))
+        y = 20 + (height - 40) * (1 - max(0.0, min(1.0, (math.log10(max(v, 1e-9)) + 9) / 9)))
+        pts.append(f"{x:.1f},{y:.1f}")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'role="img" aria-label="{title}"><text x="4" y="14" font-size="12">{title}</text>'
+            f'{axis}<polyline fill="none" stroke="#1565c0" points="{" ".join(pts)}"/></svg>')
+
+
+def html_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
 
 def _compare(f: torch.Tensor, c: torch.Tensor) -> tuple[float, float, float, torch.Tensor]:
     d = f.double() - c.double()
@@ -598,6 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--expected", default="", help="JSONL of the expected input_ids, one line per "
                    "sample in order (e.g. prepared with the right chat template)")
     p.add_argument("--json", default="", help="also write the report as JSON here")
+    p.add_argument("--html", default="", help="also write an HTML page (per-slice error chart)")
     p.add_argument("--drafter", default="", help="acceptance impact: a DFlash drafter directory")
     p.add_argument("--target_checkpoint", default="",
                    help="acceptance impact: the target checkpoint (specwire-replay runs its head)")
@@ -639,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if impact is not None:
         print(f"acceptance: τ {impact.tau_canonical:.3f} canonical, {impact.tau_foreign:.3f} "
               f"foreign; {impact.verdict()}")
+    if a.html:
+        Path(a.html).write_text(report.html())
     if a.json:
         j = report.to_json()
         if impact is not None:
