@@ -28,6 +28,56 @@ struct SkippedTensors {
   bool operator==(const SkippedTensors&) const = default;
 };
 
+// Statistics of one tap's canonical states on the canary input (fp64 over every element): enough
+// to tell rounding from drift between two servers or checkpoints without moving tensors.
+struct TapFingerprint {
+  std::string tap;  // "embedding" | "layer.{k}" | "final_norm"
+  double mean = 0;
+  double std = 0;
+  double rms = 0;
+  // Projections onto fixed ±1 patterns (SplitMix64 signs), scaled by 1/sqrt(elements): each is
+  // about rms in size, and two runs' projections differ by about rms × their relative error.
+  std::vector<double> sketch;
+  bool operator==(const TapFingerprint&) const = default;
+};
+
+// The canary: the fixed token ids CanaryTokens(vocab, n) run through the target at load, every
+// tap fingerprinted. Empty (no taps) when it was not computed.
+struct CanaryFingerprint {
+  std::vector<int64_t> token_ids;
+  std::string compute_dtype;
+  std::vector<TapFingerprint> taps;
+  bool empty() const { return taps.empty(); }
+  bool operator==(const CanaryFingerprint&) const = default;
+};
+
+inline constexpr int kCanarySketches = 8;
+
+// The canary input: n ids spread over the vocabulary ((7919 i + 11) mod vocab).
+std::vector<int64_t> CanaryTokens(int64_t vocab_size, int64_t n);
+
+// Two fingerprints compared tap by tap: the relative difference of the rms and the largest
+// sketch difference over the rms; `level` is "identical" (bit-equal statistics), "rounding"
+// (≤ the rounding of the coarser compute dtype), "drift" (≤ 100× that) or "mismatch".
+struct TapComparison {
+  std::string tap;
+  double rms_relative = 0;
+  double sketch_relative = 0;
+  std::string level;
+};
+struct FingerprintComparison {
+  std::vector<TapComparison> taps;
+  std::string level;   // the worst tap's
+  double threshold = 0;  // the rounding threshold used
+  std::string problem;   // non-empty when the two cannot be compared (other canary, other taps)
+};
+FingerprintComparison CompareFingerprints(const CanaryFingerprint& a, const CanaryFingerprint& b);
+
+std::string CanaryToJson(const CanaryFingerprint& c, int indent = -1);
+// A canary from its JSON, or from a JSON object holding one under "canary" (a contract,
+// specwire-cli fingerprint's output) or under "contract" (a scorer report).
+absl::StatusOr<CanaryFingerprint> CanaryFromJson(absl::string_view json_text);
+
 struct ExtractionContract {
   std::string architecture;     // class actually run: "Qwen3_5ForCausalLM"
   std::string model_type;       // text model type: "qwen3_5_text"
@@ -51,6 +101,8 @@ struct ExtractionContract {
   // chat_template: the string, or the "default" / first named one); empty when there is none.
   // The digest specwire_client.chat's TemplateRecord carries.
   std::string chat_template_digest;
+  // The canary fingerprint of this target as loaded (computed at load; empty when disabled).
+  CanaryFingerprint canary;
   bool operator==(const ExtractionContract&) const = default;
 };
 

@@ -67,6 +67,17 @@ void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
   out->set_tokenizer_digest(c.tokenizer_digest);
   out->set_chat_template_digest(c.chat_template_digest);
   out->set_specwire_version(c.specwire_version);
+  auto* canary = out->mutable_canary();
+  for (int64_t id : c.canary.token_ids) canary->add_token_ids(static_cast<int32_t>(id));
+  canary->set_compute_dtype(c.canary.compute_dtype);
+  for (const TapFingerprint& t : c.canary.taps) {
+    auto* tap = canary->add_taps();
+    tap->set_tap(t.tap);
+    tap->set_mean(t.mean);
+    tap->set_std(t.std);
+    tap->set_rms(t.rms);
+    for (double v : t.sketch) tap->add_sketch(v);
+  }
 }
 
 ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
@@ -90,6 +101,12 @@ ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
   c.tokenizer_digest = p.tokenizer_digest();
   c.chat_template_digest = p.chat_template_digest();
   c.specwire_version = p.specwire_version();
+  c.canary.token_ids.assign(p.canary().token_ids().begin(), p.canary().token_ids().end());
+  c.canary.compute_dtype = p.canary().compute_dtype();
+  for (const auto& t : p.canary().taps()) {
+    c.canary.taps.push_back(
+        {t.tap(), t.mean(), t.std(), t.rms(), std::vector<double>(t.sketch().begin(), t.sketch().end())});
+  }
   return c;
 }
 

@@ -6,6 +6,8 @@
 //   specwire-cli generate --tokens 1,2,3 | --text S  [--max_new_tokens N] [--out FILE ...]
 //   specwire-cli health   [--extractor H:P | --scorer H:P] [--service NAME]
 //                         (exit 0 only when SERVING)
+//   specwire-cli fingerprint [--compare A.json[,B.json]]
+//                         (the served target's canary fingerprint; --compare: exit 1 on drift)
 //   specwire-cli export   --dataset F.jsonl --format specforge|speculators --layout dflash|eagle3
 //                         [--layers 1,3 | --drafter DIR] [--wire_dtype bf16|fp32] --out DIR
 //
@@ -36,6 +38,7 @@
 #include "clients/cpp/health_check.h"
 #include "clients/cpp/scorer_connection_flags.h"
 #include "common/command_line.h"
+#include "common/contract.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -74,6 +77,8 @@ ABSL_FLAG(std::string, drafter, "",
           "export: drafter directory whose config.json names the layers (dflash_config."
           "target_layer_ids, or eagle_aux_hidden_state_layer_ids); --layers overrides it.");
 ABSL_FLAG(uint32_t, sequences_per_request, 8, "export: sequences sent in one Extract call.");
+ABSL_FLAG(std::string, compare, "",
+          "fingerprint: A.json (against the served target) or A.json,B.json (two saved ones).");
 ABSL_FLAG(std::string, service, "",
           "health: the service to check, e.g. specwire.v1.Scorer; \"\" is the server as a whole.");
 
@@ -87,6 +92,11 @@ Commands:
   extract    fetch hidden states of sequences and write them to a safetensors file
   generate   greedy completions of prompts, printed as a JSON list; with --out, also the hidden
              states of prompt + completion
+  fingerprint
+             the served target's canary fingerprint (statistics of every tap on a fixed input,
+             from its contract) as JSON; --compare A.json compares a saved one (a fingerprint,
+             contract or scorer report) with the served target, --compare A.json,B.json two
+             saved ones: a table per tap, exit 1 on drift or mismatch
   export     extract a dataset's features and write them as SpecForge's or speculators' offline
              dataset (--format, --layout dflash|eagle3, --layers or --drafter, --out DIR), with
              the extraction contract in DIR/specwire_export.json
@@ -387,6 +397,34 @@ absl::Status RunExport(ExtractorClient& client, ExportFlags& f) {
   return ExportFeatures(client, contract, f.spec, f.rows, f.out, options, std::cout);
 }
 
+absl::StatusOr<CanaryFingerprint> ReadCanary(const std::string& path) {
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  auto c = CanaryFromJson(text);
+  if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--compare: ", path, ": ", c.status().message()));
+  return c;
+}
+
+// Prints the comparison table; OK when the two are identical or rounding-level apart.
+absl::StatusOr<bool> PrintComparison(const CanaryFingerprint& a, const CanaryFingerprint& b) {
+  const FingerprintComparison c = CompareFingerprints(a, b);
+  if (!c.problem.empty()) {
+    std::cout << "mismatch: " << c.problem << "\n";
+    return false;
+  }
+  char line[160];
+  std::snprintf(line, sizeof(line), "%-14s %12s %12s  %s\n", "tap", "rms rel", "sketch rel",
+                "verdict");
+  std::cout << line;
+  for (const TapComparison& t : c.taps) {
+    std::snprintf(line, sizeof(line), "%-14s %12.3e %12.3e  %s\n", t.tap.c_str(), t.rms_relative,
+                  t.sketch_relative, t.level.c_str());
+    std::cout << line;
+  }
+  std::cout << "verdict: " << c.level << " (rounding threshold " << c.threshold << ", compute "
+            << a.compute_dtype << " vs " << b.compute_dtype << ")\n";
+  return c.level == "identical" || c.level == "rounding";
+}
+
 // "specwire-cli: CODE: message" on stderr; returns the exit status `code`.
 int Fail(const absl::Status& s, int code) {
   std::cerr << "specwire-cli: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
@@ -416,13 +454,13 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> args = ParseCommandLineFlags(argc, argv, kUsage);
   if (args.size() != 1) {
     return Fail(absl::InvalidArgumentError(
-                    args.empty() ? "give a command: info, extract, generate, export or health (see --help)"
+                    args.empty() ? "give a command: info, extract, generate, export, fingerprint or health (see --help)"
                                  : "unexpected argument " + args[1]),
                 2);
   }
   const std::string& command = args[0];
   if (command != "info" && command != "extract" && command != "generate" && command != "health" &&
-      command != "export") {
+      command != "export" && command != "fingerprint") {
     return Fail(absl::InvalidArgumentError("unknown command " + command + " (see --help)"), 2);
   }
   // Every flag is checked before the first call.
@@ -443,6 +481,21 @@ int Main(int argc, char** argv) {
     generate = GenerateParamsFromFlags();
     if (!generate.ok()) return Fail(generate.status(), 2);
   }
+  std::vector<std::string> compare;
+  if (command == "fingerprint") {
+    for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_compare), ',', absl::SkipEmpty())) {
+      compare.emplace_back(f);
+    }
+    if (compare.size() > 2) return Fail(absl::InvalidArgumentError("--compare: one or two files"), 2);
+    if (compare.size() == 2) {
+      auto a = ReadCanary(compare[0]);
+      if (!a.ok()) return Fail(a.status(), 2);
+      auto b = ReadCanary(compare[1]);
+      if (!b.ok()) return Fail(b.status(), 2);
+      auto ok = PrintComparison(*a, *b);
+      return ok.ok() && *ok ? 0 : 1;
+    }
+  }
   auto connection =
       ExtractorConnectionFromFlags({.address = "127.0.0.1:50051", .timeout_seconds = 300});
   if (!connection.ok()) return Fail(connection.status(), 2);
@@ -459,6 +512,22 @@ int Main(int argc, char** argv) {
     auto c = client.Info();
     if (c.ok()) std::cout << ContractToJson(*c) << "\n";
     s = c.status();
+  } else if (command == "fingerprint") {
+    auto c = client.Info();
+    s = c.status();
+    if (c.ok() && compare.empty()) {
+      nlohmann::json out = {{"architecture", c->architecture},
+                            {"weights_digest", c->weights_digest},
+                            {"compute_dtype", c->compute_dtype},
+                            {"kernel_variant", c->kernel_variant},
+                            {"canary", nlohmann::json::parse(CanaryToJson(c->canary))}};
+      std::cout << out.dump(2) << "\n";
+    } else if (c.ok()) {
+      auto a = ReadCanary(compare[0]);
+      if (!a.ok()) return Fail(a.status(), 2);
+      auto ok = PrintComparison(*a, c->canary);
+      return ok.ok() && *ok ? 0 : 1;
+    }
   } else if (command == "export") {
     s = RunExport(client, *export_flags);
   } else if (command == "extract") {

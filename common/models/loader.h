@@ -30,6 +30,9 @@ struct LoadOptions {
   //   "cuda:0=0-31,cuda:1=32-63"        explicit inclusive layer ranges covering every layer once
   // The embedding runs on the first layer's device; final norm and lm_head on the last one's.
   std::string device_map = "cpu";
+  // ExtractionEngine::Load runs the canary (CanaryTokens(vocab, n), every tap fingerprinted into
+  // the contract) with this many tokens; 0: none. 80 crosses the linear-attention chunk (64).
+  int64_t canary_tokens = 80;
 };
 
 struct LoadedModel {

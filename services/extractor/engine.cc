@@ -1,6 +1,7 @@
 #include "services/extractor/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
@@ -12,7 +13,66 @@ namespace specwire {
 absl::StatusOr<std::unique_ptr<ExtractionEngine>> ExtractionEngine::Load(
     const std::string& model_dir, const LoadOptions& options) {
   SW_ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> model, LoadModel(model_dir, options));
-  return std::make_unique<ExtractionEngine>(std::move(model));
+  auto engine = std::make_unique<ExtractionEngine>(std::move(model));
+  if (options.canary_tokens > 0) SW_RETURN_IF_ERROR(engine->ComputeCanary(options.canary_tokens));
+  return engine;
+}
+
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// fp64 statistics of one tap's states; sketch k adds ±x_i by bit k of SplitMix64(i).
+TapFingerprint Fingerprint(const std::string& tap, const at::Tensor& states) {
+  const at::Tensor x = states.to(at::kCPU, at::kDouble).contiguous();
+  const double* p = x.data_ptr<double>();
+  const int64_t n = x.numel();
+  double sum = 0, sq = 0;
+  std::vector<double> sketch(kCanarySketches, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = p[i];
+    sum += v;
+    sq += v * v;
+    const uint64_t bits = SplitMix64(static_cast<uint64_t>(i));
+    for (int k = 0; k < kCanarySketches; ++k) sketch[k] += ((bits >> k) & 1) ? v : -v;
+  }
+  TapFingerprint f;
+  f.tap = tap;
+  if (n > 0) {
+    f.mean = sum / n;
+    f.rms = std::sqrt(sq / n);
+    f.std = std::sqrt(std::max(0.0, sq / n - f.mean * f.mean));
+    for (double& s : sketch) s /= std::sqrt(static_cast<double>(n));
+  }
+  f.sketch = std::move(sketch);
+  return f;
+}
+
+}  // namespace
+
+absl::Status ExtractionEngine::ComputeCanary(int64_t n) {
+  const int64_t L = config().num_layers;
+  CanaryFingerprint c;
+  c.token_ids = CanaryTokens(config().vocab_size, n);
+  c.compute_dtype = contract().compute_dtype;
+  CaptureSpec capture;
+  capture.embedding = true;
+  capture.final_norm = true;
+  for (int64_t k = 0; k < L; ++k) capture.layers.push_back(k);
+  SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
+                      Extract({c.token_ids}, capture, at::kFloat, BatchLayout::kPerSequence));
+  c.taps.push_back(Fingerprint("embedding", states[0].embedding));
+  for (int64_t k = 0; k < L; ++k) {
+    c.taps.push_back(Fingerprint(absl::StrCat("layer.", k), states[0].layers.at(k)));
+  }
+  c.taps.push_back(Fingerprint("final_norm", states[0].final_norm));
+  model_->contract.canary = std::move(c);
+  return absl::OkStatus();
 }
 
 absl::Status ExtractionEngine::Validate(const std::vector<std::vector<int64_t>>& sequences,

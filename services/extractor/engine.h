@@ -72,6 +72,10 @@ class ExtractionEngine {
                                           const GenerateOptions& options,
                                           const TokenCallback& on_token = nullptr);
 
+  // Runs the canary input (CanaryTokens(vocab, n)) through every tap and stores its fingerprint
+  // in the contract (contract().canary).
+  absl::Status ComputeCanary(int64_t n);
+
   // A target tensor by canonical name ("model.embed_tokens.weight", "lm_head.weight",
   // "model.norm.weight", "model.layers.0...."), exactly as stored in the checkpoint (a tied
   // lm_head is the embedding). The bytes live as long as the engine. NOT_FOUND names the tensor.

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, batch_layout, "per_sequence",
           "How a batch of sequences runs: per_sequence (each sequence its own unpadded forward: "
           "its hidden states are bit-identical whatever shares the batch) or padded (one padded "
           "forward; faster for many short sequences, low bits depend on the batch).");
+ABSL_FLAG(int64_t, canary_tokens, 80,
+          "Tokens of the canary input run at load: every tap's statistics go into the contract "
+          "(its canary fingerprint, which specwire-cli fingerprint prints and compares); 0: none.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics address (host:port); empty disables the exporter.");
@@ -89,6 +92,8 @@ int main(int argc, char** argv) {
   bo.device_map = absl::GetFlag(FLAGS_device_map);
   bo.threads = absl::GetFlag(FLAGS_threads);
   bo.batch_layout = absl::GetFlag(FLAGS_batch_layout);
+  bo.canary_tokens = absl::GetFlag(FLAGS_canary_tokens);
+  if (bo.canary_tokens < 0) return Fail("--canary_tokens must not be negative");
   auto backend = LoadTorchBackend(bo);
   if (!backend.ok()) return Fail(backend.status().ToString());
 

@@ -155,6 +155,7 @@ absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const Backend
   SW_ASSIGN_OR_RETURN(const BatchLayout layout,
                       ParseBatchLayout(options.batch_layout, "--batch_layout"));
   load.device_map = options.device_map;
+  load.canary_tokens = options.canary_tokens;
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(options.model_dir, load));
   engine->SetBatchLayout(layout);
   return std::unique_ptr<ExtractorBackend>(new TorchBackend(std::move(engine)));

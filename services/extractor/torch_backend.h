@@ -18,6 +18,7 @@ struct BackendOptions {
   // How a batch of sequences runs (engine.h): per sequence (bit-identical whatever shares the
   // batch) or as one padded forward.
   std::string batch_layout = "per_sequence";
+  int64_t canary_tokens = 80;  // the contract's canary fingerprint (0: none)
 };
 
 absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const BackendOptions& options);

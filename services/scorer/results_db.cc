@@ -188,6 +188,7 @@ absl::Status ResultsDb::Record(const CheckpointResult& r) {
                        {"trajectory", p.trajectory}});
     }
     j["prompt_steps"] = steps;
+    if (!r.target_canary.empty()) j["target_canary"] = json::parse(CanaryToJson(r.target_canary));
     summary = j.dump();
   }
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
@@ -270,6 +271,15 @@ absl::StatusOr<std::vector<CheckpointResult>> ResultsDb::Query(
       auto prompts = PromptStepsFromJsonText(text);
       if (!prompts.ok()) return prompts.status();
       r.prompts = *std::move(prompts);
+      const json j = json::parse(text, nullptr, false);
+      if (j.is_object() && j.contains("target_canary")) {
+        auto canary = CanaryFromJson(j["target_canary"].dump());
+        if (!canary.ok()) {
+          return absl::DataLossError(absl::StrCat("results database: target_canary: ",
+                                                  canary.status().message()));
+        }
+        r.target_canary = *std::move(canary);
+      }
     }
     r.started_at = Column(st.s, 10);
     r.finished_at = Column(st.s, 11);

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/contract.h"
 #include "services/scorer/acceptance.h"
 
 struct sqlite3;
@@ -46,6 +47,9 @@ struct CheckpointResult {
   std::string fingerprint;
   AcceptanceSummary summary;  // for "ok"
   std::vector<PromptSteps> prompts;  // for "ok", by prompt index (kept in the summary column)
+  // The target's canary fingerprint when scored (kept in the summary column, "target_canary"):
+  // rows of one run compare across extractor restarts and hosts (specwire-cli fingerprint).
+  CanaryFingerprint target_canary;
   std::string started_at;     // UTC, ISO 8601
   std::string finished_at;
   // Not stored: true when this row was read back rather than just scored.

@@ -452,12 +452,14 @@ absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& ext
   ScoreFn score = [runner](const ScoreSpec& spec) -> absl::StatusOr<EvalScore> {
     std::optional<AcceptanceSummary> summary;
     std::vector<PromptScore> prompts;
+    CanaryFingerprint canary;
     ScoreEvents events;
+    events.on_start = [&](const ScoreStart& s) { canary = s.contract.canary; };
     events.on_summary = [&](const AcceptanceSummary& s) { summary = s; };
     events.on_prompt = [&](const PromptScore& p) { prompts.push_back(p); };
     SW_RETURN_IF_ERROR(runner->Run(spec, events, g_watch_stop));
     if (!summary) return absl::InternalError("the scoring job ended without a summary");
-    return EvalScore{*summary, std::move(prompts)};
+    return EvalScore{*summary, std::move(prompts), std::move(canary)};
   };
   const std::string db_path =
       eval.db_path.empty()

@@ -329,6 +329,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
       int32_t block_size = 0;
       std::optional<AcceptanceSummary> summary;
       std::vector<PromptScore> prompts;
+      CanaryFingerprint canary;
       std::mutex mu;
       std::condition_variable cv;
       bool finished = false;
@@ -338,6 +339,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
     job->events.on_start = [state](const ScoreStart& s) {
       state->labels = s.labels;
       state->block_size = s.drafter.block_size;
+      state->canary = s.contract.canary;
     };
     job->events.on_progress = [state, metrics](const ScoreProgress& p) {
       if (metrics != nullptr) metrics->Progress(state->labels, p);
@@ -363,7 +365,7 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
     state->cv.wait(lock, [&] { return state->finished; });
     SW_RETURN_IF_ERROR(state->status);
     if (!state->summary) return absl::InternalError("the scoring job ended without a summary");
-    return EvalScore{*state->summary, std::move(state->prompts)};
+    return EvalScore{*state->summary, std::move(state->prompts), std::move(state->canary)};
   };
 }
 

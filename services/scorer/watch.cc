@@ -268,6 +268,7 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
     if (summary.ok()) {
       r.status = "ok";
       r.summary = std::move(summary->summary);
+      r.target_canary = std::move(summary->target_canary);
       for (const PromptScore& p : summary->prompts) {
         r.prompts.push_back({p.prompt_index, p.trajectory_digest, p.acceptance.step_lengths,
                              p.acceptance.prompt_tokens, p.trajectory});

@@ -68,6 +68,7 @@ absl::StatusOr<std::string> FileDigest(const std::string& path);
 struct EvalScore {
   AcceptanceSummary summary;
   std::vector<PromptScore> prompts;
+  CanaryFingerprint target_canary;  // the scored target's (from its contract)
 };
 
 // Scores one drafter directory on one eval set (the service runs it on its ScoreWorker, the CLI

@@ -162,7 +162,11 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
     if (fs::path(spec.drafter_path).filename() == "checkpoint-3") {
       return absl::FailedPreconditionError("vocab_size: drafter expects 9, extractor serves 8");
     }
-    return EvalScore{FakeSummary(1.0 + calls.size() * 0.1), {}};
+    CanaryFingerprint canary;
+    canary.token_ids = {11};
+    canary.compute_dtype = "float32";
+    canary.taps = {{"embedding", 0.0, 1.0, 1.0, {0.5}}};
+    return EvalScore{FakeSummary(1.0 + calls.size() * 0.1), {}, canary};
   };
   EvaluatorOptions eo;
   eo.eval_sets = {{"a", "a.jsonl"}, {"b", "b.jsonl"}};
@@ -192,6 +196,8 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
     EXPECT_EQ(*watcher.Poll(stop), 0);
     EXPECT_EQ(*watcher.Poll(stop), 1);
     EXPECT_EQ((*(*db)->Find("run-a", 2, "a"))->status, "ok");
+    // The row keeps the scored target's canary fingerprint.
+    EXPECT_EQ((*(*db)->Find("run-a", 2, "a"))->target_canary.taps.size(), 1u);
     // Wrong target: recorded failed with the contract error; the watcher goes on.
     WriteCheckpoint(watch / "checkpoint-3");
     // A transient error first: nothing recorded, retried on the next scan.
@@ -361,10 +367,15 @@ TEST(WatchTest, PromptStepsSurviveTheDatabase) {
   r.status = "ok";
   r.summary = FakeSummary(2.0);
   r.prompts = {{0, "xxh3-128:a", {1, 2, 3}, 2, {5, 6, 7, 8}}, {2, "xxh3-128:b", {}, 0, {}}};
+  r.target_canary.token_ids = {11, 7930};
+  r.target_canary.compute_dtype = "float32";
+  r.target_canary.taps = {{"embedding", 0.1, 0.9, 0.905, {0.5, -0.25}},
+                          {"final_norm", -0.0, 1.0, 1.0, {1.0 / 3, 2e-17}}};
   ASSERT_TRUE((*db)->Record(r).ok());
   auto back = (*db)->Find("r", 1, "d");
   ASSERT_TRUE(back.ok() && back->has_value());
   EXPECT_EQ((*back)->prompts, r.prompts);
+  EXPECT_EQ((*back)->target_canary, r.target_canary);  // doubles round-trip exactly
   fs::remove_all(root);
 }
 

@@ -247,6 +247,8 @@ def test_tau_prob_equals_a_monte_carlo_simulation(report, reference_blocks):
 
 
 def test_intervals_windows_and_capacity_in_the_report(report):
+    # The report names the target by its contract, canary fingerprint included.
+    assert [t["tap"] for t in report["contract"]["canary"]["taps"]][-1] == "final_norm"
     s = report["summary"]
     lo, hi = s["tau_mean_of_means_ci"]
     assert lo <= s["tau_mean_of_means"] <= hi and lo < hi

@@ -570,6 +570,42 @@ def _token_check(c: ExtractorClient, got: Sequence[int], want: Sequence[int]) ->
     return TokenCheck(False, n, texts[0] if pick[0] else "<end>", texts[1] if pick[1] else "<end>")
 
 
+# --- canary fingerprints -----------------------------------------------------------------------
+
+FINGERPRINT_ROUNDING = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
+
+
+def compare_fingerprints(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two canary fingerprints (Contract.canary, specwire-cli fingerprint's "canary", or a
+    report's contract) compared tap by tap as specwire-cli fingerprint --compare does: the
+    relative rms difference and the largest sketch difference over the rms; "identical",
+    "rounding" (≤ the coarser compute dtype's rounding), "drift" (≤ 100×) or "mismatch"."""
+    a = a.get("canary", a) if "taps" not in a else a
+    b = b.get("canary", b) if "taps" not in b else b
+    threshold = max(FINGERPRINT_ROUNDING.get(a.get("compute_dtype", ""), 1e-5),
+                    FINGERPRINT_ROUNDING.get(b.get("compute_dtype", ""), 1e-5))
+    ta, tb = a.get("taps", []), b.get("taps", [])
+    if not ta or not tb or list(a.get("token_ids", [])) != list(b.get("token_ids", [])) or \
+            len(ta) != len(tb):
+        return {"level": "mismatch", "threshold": threshold, "taps": [],
+                "problem": "the fingerprints are not comparable (no canary, another canary "
+                           "input, or another depth)"}
+    taps, worst = [], 0
+    for x, y in zip(ta, tb):
+        scale = max(abs(x["rms"]), 1e-30)
+        rms_rel = abs(x["rms"] - y["rms"]) / scale
+        sketch_rel = max((abs(p - q) / scale for p, q in zip(x["sketch"], y["sketch"])),
+                         default=0.0)
+        d = max(rms_rel, sketch_rel)
+        level = (0 if x == y else 1 if d <= threshold else 2 if d <= 100 * threshold else 3)
+        if x["tap"] != y["tap"]:
+            level = 3
+        worst = max(worst, level)
+        taps.append({"tap": x["tap"], "rms_relative": rms_rel, "sketch_relative": sketch_rel,
+                     "level": LEVELS[level]})
+    return {"level": LEVELS[worst], "threshold": threshold, "taps": taps, "problem": ""}
+
+
 # --- acceptance impact -------------------------------------------------------------------------
 
 def drafter_taps(target_layer_ids: Sequence[int], num_layers: int) -> list[str]:

@@ -39,6 +39,10 @@ class Contract:
     tokenizer_digest: str
     specwire_version: str
     chat_template_digest: str = ""  # of the target's chat template ("" when it has none)
+    # The canary fingerprint: statistics of every tap on a fixed input, computed at load
+    # ({"token_ids", "compute_dtype", "taps": [{"tap", "mean", "std", "rms", "sketch"}]});
+    # specwire_client.audit.compare_fingerprints compares two.
+    canary: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def from_proto(cls, msg: Any) -> "Contract":
@@ -62,6 +66,10 @@ class Contract:
             tokenizer_digest=msg.tokenizer_digest,
             specwire_version=msg.specwire_version,
             chat_template_digest=msg.chat_template_digest,
+            canary={"token_ids": list(msg.canary.token_ids),
+                    "compute_dtype": msg.canary.compute_dtype,
+                    "taps": [{"tap": t.tap, "mean": t.mean, "std": t.std, "rms": t.rms,
+                              "sketch": list(t.sketch)} for t in msg.canary.taps]},
         )
 
     def to_dict(self) -> dict[str, Any]:
