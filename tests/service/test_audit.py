@@ -215,7 +215,8 @@ def test_token_ids_from_another_thinking_flag(server, tmp_path):
 
 def test_command_line_passes_clean_features_and_refuses_unknown_layouts(server, captures,
                                                                         tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "specwire_client.audit", "--extractor",
+    # The console script the package installs runs the same main().
+    ok = subprocess.run([str(Path(sys.executable).with_name("specwire-audit")), "--extractor",
                          server.address, "--features", str(captures)],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
