@@ -13,7 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from safetensors.torch import save_file  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (  # noqa: E402,E501
+    cleanup_hidden_states, load_hidden_states)
 
 
 def main() -> None:
@@ -38,7 +41,9 @@ def main() -> None:
         path = (o.kv_transfer_params or {}).get("hidden_states_path")
         if not path:
             raise SystemExit(f"prompt {i}: vLLM returned no hidden_states_path")
-        shutil.move(path, Path(out) / f"hs_{i}.safetensors")
+        # vLLM's own reader: it waits on the file's lock until the engine has written it.
+        save_file(load_hidden_states(path), str(Path(out) / f"hs_{i}.safetensors"))
+        cleanup_hidden_states(path)
     shutil.rmtree(staging, ignore_errors=True)
     print(json.dumps({"files": len(outputs), "layer_ids": ids, "dtype": dtype}))
 
