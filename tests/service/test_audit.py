@@ -72,6 +72,23 @@ def test_transformers_capture_is_canonical(server, captures):
         assert all(m.rel_l2 <= 1e-5 for t in s.tensors for m in t.slices)
 
 
+def test_layer_hooks_name_the_tap_each_module_outputs(server, hf_model, sequences, tmp_path):
+    """Forward hooks on a model's own modules (no output_hidden_states): the audit says which
+    canonical tap each one holds. transformers' decoder layer k outputs layer.k; its final norm
+    module outputs final_norm; the embedding module the embedding."""
+    m = hf_model.model
+    hooks = {"embed": m.embed_tokens, "layer0": m.layers[0], "layer3": m.layers[3],
+             "norm": m.norm}
+    for i, s in enumerate(sequences):
+        capture_hidden_states(hf_model, s, tmp_path / f"seq{i}.safetensors", hooks=hooks)
+    report = audit_features(server.address, read_hf(tmp_path))
+    assert report.ok, report.table()
+    for s in report.samples:
+        assert {t.name: t.slices[0].tap for t in s.tensors} == {
+            "hook.embed": "embedding", "hook.layer0": "layer.0", "hook.layer3": "layer.3",
+            "hook.norm": "final_norm"}
+
+
 def test_bf16_capture_is_rounding_level(server, hf_model, sequences, tmp_path):
     bf16 = AutoModelForCausalLM.from_pretrained(str(TARGET), dtype=torch.bfloat16).eval()
     for i, s in enumerate(sequences):

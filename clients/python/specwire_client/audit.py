@@ -192,15 +192,33 @@ def read_vllm(path: Union[str, Path], *, layer_ids: Sequence[int] | None = None,
     return out
 
 
-def capture_hidden_states(model: Any, input_ids: Sequence[int], path: Union[str, Path],
-                          **forward_kwargs: Any) -> None:
+def capture_hidden_states(model: Any, input_ids: Sequence[int], path: Union[str, Path], *,
+                          hooks: Mapping[str, Any] | None = None, **forward_kwargs: Any) -> None:
     """What a user's own model object computes, whatever its class: its output_hidden_states
-    for `input_ids`, saved as hidden_states.{i} [T, H] + token_ids (read_hf reads it)."""
+    for `input_ids`, saved as hidden_states.{i} [T, H] + token_ids (read_hf reads it). With
+    `hooks` ({name: module}), the outputs of those modules instead, recorded by forward hooks
+    (for code that taps layers itself), saved as hook.{name}: undeclared, so the audit names the
+    tap each one holds."""
     from safetensors.torch import save_file
     ids = torch.tensor([list(input_ids)], dtype=torch.long)
-    with torch.no_grad():
-        out = model(input_ids=ids, output_hidden_states=True, **forward_kwargs)
-    tensors = {f"hidden_states.{i}": h[0].contiguous() for i, h in enumerate(out.hidden_states)}
+    tensors: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in (hooks or {}).items():
+        def record(_m: Any, _inp: Any, out: Any, name: str = name) -> None:
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            tensors[f"hook.{name}"] = t.detach().reshape(-1, t.shape[-1]).contiguous().clone()
+        handles.append(module.register_forward_hook(record))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=hooks is None, **forward_kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if hooks is None:
+        tensors = {f"hidden_states.{i}": h[0].contiguous() for i, h in enumerate(out.hidden_states)}
+    elif len(tensors) != len(hooks):
+        missing = sorted(set(hooks) - {k[len("hook."):] for k in tensors})
+        raise ValueError(f"hooks {missing} did not run in the forward")
     tensors["token_ids"] = ids[0]
     save_file(tensors, str(path))
 
@@ -218,13 +236,15 @@ def read_hf(path: Union[str, Path], *, num_layers: int | None = None) -> list[Fo
         raw = load_file(str(f))
         names = sorted((k for k in raw if k.startswith("hidden_states.")),
                        key=lambda k: int(k.split(".")[1]))
-        if not names or "token_ids" not in raw:
-            raise ValueError(f"{f}: expected hidden_states.{{i}} tensors and token_ids "
-                             "(capture_hidden_states writes them)")
+        hooked = sorted(k for k in raw if k.startswith("hook."))
+        if not (names or hooked) or "token_ids" not in raw:
+            raise ValueError(f"{f}: expected hidden_states.{{i}} or hook.{{name}} tensors and "
+                             "token_ids (capture_hidden_states writes them)")
         n = num_layers if num_layers is not None else len(names) - 1
         tensors = [ForeignTensor(k, _rows(raw[k], k, f),
                                  [tap_of_hf_index(int(k.split(".")[1]), n, True)]
                                  if int(k.split(".")[1]) <= n else None) for k in names]
+        tensors += [ForeignTensor(k, _rows(raw[k], k, f)) for k in hooked]
         out.append(ForeignSample(_ids(raw["token_ids"], "token_ids", f), tensors, str(f)))
     return out
 
