@@ -176,6 +176,21 @@ absl::StatusOr<ComparisonReport> CompareReports(ScoreReport a, ScoreReport b,
     return refuse(absl::StrCat("max_new_tokens differ (", a.max_new_tokens, " vs ",
                                b.max_new_tokens, ")"));
   }
+  // Same weights and dtype, but were the features the same? The canary fingerprints tell
+  // (another device or kernel shows up as drift).
+  if (!ca.canary.empty() && !cb.canary.empty()) {
+    const FingerprintComparison f = CompareFingerprints(ca.canary, cb.canary);
+    if (f.level == "drift" || f.level == "mismatch") {
+      std::string taps;
+      for (const TapComparison& t : f.taps) {
+        if (t.level == "drift" || t.level == "mismatch") taps = t.tap;  // the deepest
+      }
+      c.notes.push_back(absl::StrCat(
+          "the targets' canary fingerprints differ (", f.level,
+          f.problem.empty() ? absl::StrCat(" up to ", taps) : absl::StrCat(": ", f.problem),
+          "): the two reports saw other features of the same weights"));
+    }
+  }
   if (a.summary.block_size != b.summary.block_size) {
     c.notes.push_back(absl::StrCat("block sizes differ (", a.summary.block_size, " vs ",
                                    b.summary.block_size, "): τ compares the drafters as built"));

@@ -318,6 +318,19 @@ TEST(Compare, PairsReportsOnTheSameTrajectoriesOnly) {
   ASSERT_TRUE(c2.ok());
   EXPECT_DOUBLE_EQ(c2->dflash.delta, c->dflash.delta);
   EXPECT_EQ(c2->dflash.delta_ci->lo, c->dflash.delta_ci->lo);
+  // Same weights, other features (the canary fingerprints drift): paired, with a note.
+  ScoreReport drifted = b, base = a;
+  base.contract.canary.token_ids = drifted.contract.canary.token_ids = {11};
+  base.contract.canary.compute_dtype = drifted.contract.canary.compute_dtype = "float32";
+  base.contract.canary.taps = {{"layer.0", 0, 1, 1, {1.0}}, {"layer.1", 0, 1, 1, {1.0}}};
+  drifted.contract.canary.taps = {{"layer.0", 0, 1, 1, {1.0}}, {"layer.1", 0, 1, 1, {1.0001}}};
+  auto noted = CompareReports(base, drifted, BootstrapOptions{}, 8);
+  ASSERT_TRUE(noted.ok());
+  ASSERT_FALSE(noted->notes.empty());
+  EXPECT_NE(noted->notes.back().find("canary fingerprints differ (drift up to layer.1)"),
+            std::string::npos)
+      << noted->notes.back();
+  EXPECT_TRUE(CompareReports(base, base, BootstrapOptions{}, 8)->notes.empty());
   // A different trajectory, target or length does not pair.
   ScoreReport other = b;
   other.prompts[1].trajectory_digest = "xxh3-128:x";
