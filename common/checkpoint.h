@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,5 +38,9 @@ class Checkpoint {
 
 // Reads a whole small file (config.json, tokenizer.json). NOT_FOUND names the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// Writes `bytes` to `path` through `path`.tmp.<pid>, fsync and a rename (creating the parent
+// directories), so a reader sees the old file or the whole new one, never half of it.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
 }  // namespace specwire

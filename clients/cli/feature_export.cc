@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "clients/cli/arrow_stream.h"
 #include "clients/cli/torch_save.h"
+#include "common/checkpoint.h"
 #include "common/contract.h"
 #include "common/digest.h"
 #include "common/status.h"
@@ -25,22 +26,6 @@ using json = nlohmann::json;
 
 constexpr char kManifest[] = "specwire_export.json";
 constexpr char kArrowFile[] = "data-00000-of-00001.arrow";
-
-// Writes `bytes` to `path` through `path`.tmp and a rename, so a reader never sees half a file.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot create"));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": cannot write"));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
 
 std::string LongBytes(const std::vector<int64_t>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));

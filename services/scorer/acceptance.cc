@@ -182,11 +182,6 @@ absl::Status ValidateAcceptance(const std::vector<ResponseAcceptance>& responses
 
 namespace {
 
-nlohmann::json IntervalJson(const std::optional<Interval>& i) {
-  if (!i) return nullptr;
-  return nlohmann::json::array({i->lo, i->hi});
-}
-
 absl::StatusOr<std::optional<Interval>> IntervalFromJson(const nlohmann::json& j,
                                                          const std::string& key) {
   if (j.is_null()) return std::optional<Interval>();

@@ -14,12 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Num(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 std::string Signed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%+.*f", digits, v);
@@ -39,11 +33,6 @@ std::string Verdict(const PairedComparison& p) {
   if (p.delta_ci->lo > 0) return "B better";
   if (p.delta_ci->hi < 0) return "A better";
   return "no significant difference";
-}
-
-json IntervalJson(const std::optional<Interval>& i) {
-  if (!i) return nullptr;
-  return json::array({i->lo, i->hi});
 }
 
 json PairedJson(const PairedComparison& p) {
@@ -333,7 +322,7 @@ std::string ComparisonTable(const ComparisonReport& c) {
   absl::StrAppend(&t, "A  ", c.name_a, "   (", SettingsText(c.a), ")\n");
   absl::StrAppend(&t, "B  ", c.name_b, "   (", SettingsText(c.b), ")\n");
   absl::StrAppend(&t, c.dflash.prompts, " paired prompts; delta = B - A with a ",
-                  Num(100 * c.bootstrap.confidence, 0), "% paired bootstrap interval (",
+                  Fixed(100 * c.bootstrap.confidence, 0), "% paired bootstrap interval (",
                   c.bootstrap.resamples, " resamples, seed ", c.bootstrap.seed, ")\n\n");
   char line[256];
   std::snprintf(line, sizeof(line), "  %-26s %8s %8s  %-28s %s\n", "", "A", "B", "delta",
@@ -387,32 +376,32 @@ std::string PairedScatterSvg(const ComparisonReport& c) {
       Escape(c.name_a), " (x) against ", Escape(c.name_b), " (y)</text>\n");
   for (int i = 0; i <= 4; ++i) {
     const double v = top * i / 4;
-    absl::StrAppend(&s, "<line x1=\"", Num(X(0), 1), "\" x2=\"", Num(X(top), 1), "\" y1=\"",
-                    Num(Y(v), 1), "\" y2=\"", Num(Y(v), 1), "\" stroke=\"#dddddd\"/>\n",
-                    "<line x1=\"", Num(X(v), 1), "\" x2=\"", Num(X(v), 1), "\" y1=\"",
-                    Num(Y(0), 1), "\" y2=\"", Num(Y(top), 1), "\" stroke=\"#dddddd\"/>\n",
-                    "<text x=\"", Num(X(0) - 6, 1), "\" y=\"", Num(Y(v) + 4, 1),
-                    "\" text-anchor=\"end\" font-size=\"11\">", Num(v, 2), "</text>\n",
-                    "<text x=\"", Num(X(v), 1), "\" y=\"", Num(Y(0) + 16, 1),
-                    "\" text-anchor=\"middle\" font-size=\"11\">", Num(v, 2), "</text>\n");
+    absl::StrAppend(&s, "<line x1=\"", Fixed(X(0), 1), "\" x2=\"", Fixed(X(top), 1), "\" y1=\"",
+                    Fixed(Y(v), 1), "\" y2=\"", Fixed(Y(v), 1), "\" stroke=\"#dddddd\"/>\n",
+                    "<line x1=\"", Fixed(X(v), 1), "\" x2=\"", Fixed(X(v), 1), "\" y1=\"",
+                    Fixed(Y(0), 1), "\" y2=\"", Fixed(Y(top), 1), "\" stroke=\"#dddddd\"/>\n",
+                    "<text x=\"", Fixed(X(0) - 6, 1), "\" y=\"", Fixed(Y(v) + 4, 1),
+                    "\" text-anchor=\"end\" font-size=\"11\">", Fixed(v, 2), "</text>\n",
+                    "<text x=\"", Fixed(X(v), 1), "\" y=\"", Fixed(Y(0) + 16, 1),
+                    "\" text-anchor=\"middle\" font-size=\"11\">", Fixed(v, 2), "</text>\n");
   }
-  absl::StrAppend(&s, "<line class=\"diagonal\" x1=\"", Num(X(0), 1), "\" y1=\"",
-                  Num(Y(0), 1), "\" x2=\"", Num(X(top), 1), "\" y2=\"", Num(Y(top), 1),
+  absl::StrAppend(&s, "<line class=\"diagonal\" x1=\"", Fixed(X(0), 1), "\" y1=\"",
+                  Fixed(Y(0), 1), "\" x2=\"", Fixed(X(top), 1), "\" y2=\"", Fixed(Y(top), 1),
                   "\" stroke=\"#888888\" stroke-dasharray=\"6 4\"/>\n");
   for (size_t i = 0; i < c.dflash.per_prompt.size(); ++i) {
     const auto [x, y] = c.dflash.per_prompt[i];
     const char* color = y > x ? "#54a24b" : (y < x ? "#e45756" : "#4c78a8");
-    absl::StrAppend(&s, "<circle class=\"point\" cx=\"", Num(X(x), 1), "\" cy=\"",
-                    Num(Y(y), 1), "\" r=\"4\" fill=\"", color,
+    absl::StrAppend(&s, "<circle class=\"point\" cx=\"", Fixed(X(x), 1), "\" cy=\"",
+                    Fixed(Y(y), 1), "\" r=\"4\" fill=\"", color,
                     "\" fill-opacity=\"0.75\"><title>prompt ",
                     i < c.prompt_indices.size() ? c.prompt_indices[i] : static_cast<int64_t>(i),
-                    ": A ", Num(x, 3), ", B ", Num(y, 3), "</title></circle>\n");
+                    ": A ", Fixed(x, 3), ", B ", Fixed(y, 3), "</title></circle>\n");
   }
-  absl::StrAppend(&s, "<text x=\"", Num(X(top / 2), 1), "\" y=\"", kCmpH - 12,
+  absl::StrAppend(&s, "<text x=\"", Fixed(X(top / 2), 1), "\" y=\"", kCmpH - 12,
                   "\" text-anchor=\"middle\" font-size=\"12\">τ of A (", Escape(c.name_a),
-                  ")</text>\n<text x=\"16\" y=\"", Num(Y(top / 2), 1),
+                  ")</text>\n<text x=\"16\" y=\"", Fixed(Y(top / 2), 1),
                   "\" text-anchor=\"middle\" font-size=\"12\" transform=\"rotate(-90 16 ",
-                  Num(Y(top / 2), 1), ")\">τ of B (", Escape(c.name_b), ")</text>\n</svg>\n");
+                  Fixed(Y(top / 2), 1), ")\">τ of B (", Escape(c.name_b), ")</text>\n</svg>\n");
   return s;
 }
 
@@ -443,12 +432,12 @@ std::string PairedDeltaSvg(const ComparisonReport& c) {
       "paired intervals</title>\n<rect x=\"0\" y=\"0\" width=\"", kCmpW, "\" height=\"", h,
       "\" fill=\"#ffffff\"/>\n<text x=\"", kCmpW / 2, "\" y=\"20\" text-anchor=\"middle\" "
       "font-size=\"14\" font-weight=\"bold\">Δτ = B − A, ",
-      Num(100 * c.bootstrap.confidence, 0), "% paired bootstrap interval</text>\n");
-  absl::StrAppend(&s, "<line x1=\"", Num(X(0), 1), "\" x2=\"", Num(X(0), 1), "\" y1=\"", top - 6,
+      Fixed(100 * c.bootstrap.confidence, 0), "% paired bootstrap interval</text>\n");
+  absl::StrAppend(&s, "<line x1=\"", Fixed(X(0), 1), "\" x2=\"", Fixed(X(0), 1), "\" y1=\"", top - 6,
                   "\" y2=\"", h - 34, "\" stroke=\"#333333\"/>\n");
   for (int i = -2; i <= 2; ++i) {
     const double v = span * i / 2;
-    absl::StrAppend(&s, "<text x=\"", Num(X(v), 1), "\" y=\"", h - 18,
+    absl::StrAppend(&s, "<text x=\"", Fixed(X(v), 1), "\" y=\"", h - 18,
                     "\" text-anchor=\"middle\" font-size=\"11\">", Signed(v, 2), "</text>\n");
   }
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -458,16 +447,16 @@ std::string PairedDeltaSvg(const ComparisonReport& c) {
                         : p.delta_ci->lo > 0 ? "#54a24b"
                         : p.delta_ci->hi < 0 ? "#e45756"
                                              : "#4c78a8";
-    absl::StrAppend(&s, "<text x=\"", left - 8, "\" y=\"", Num(y + 4, 1),
+    absl::StrAppend(&s, "<text x=\"", left - 8, "\" y=\"", Fixed(y + 4, 1),
                     "\" text-anchor=\"end\" font-size=\"12\">", Escape(rows[i].label),
                     "</text>\n");
     if (p.delta_ci) {
-      absl::StrAppend(&s, "<line class=\"ci\" x1=\"", Num(X(p.delta_ci->lo), 1), "\" x2=\"",
-                      Num(X(p.delta_ci->hi), 1), "\" y1=\"", Num(y, 1), "\" y2=\"",
-                      Num(y, 1), "\" stroke=\"", color, "\" stroke-width=\"3\"/>\n");
+      absl::StrAppend(&s, "<line class=\"ci\" x1=\"", Fixed(X(p.delta_ci->lo), 1), "\" x2=\"",
+                      Fixed(X(p.delta_ci->hi), 1), "\" y1=\"", Fixed(y, 1), "\" y2=\"",
+                      Fixed(y, 1), "\" stroke=\"", color, "\" stroke-width=\"3\"/>\n");
     }
-    absl::StrAppend(&s, "<circle class=\"delta\" cx=\"", Num(X(p.delta), 1), "\" cy=\"",
-                    Num(y, 1), "\" r=\"5\" fill=\"", color, "\"><title>",
+    absl::StrAppend(&s, "<circle class=\"delta\" cx=\"", Fixed(X(p.delta), 1), "\" cy=\"",
+                    Fixed(y, 1), "\" r=\"5\" fill=\"", color, "\"><title>",
                     Escape(rows[i].label), ": ", DeltaText(p.delta, p.delta_ci, 3), " over ",
                     p.prompts, " prompts</title></circle>\n");
   }
@@ -489,15 +478,15 @@ std::string ComparisonToHtml(const ComparisonReport& c) {
                   "<br><strong>B</strong> ", Escape(c.name_b), ": ", Escape(SettingsText(c.b)),
                   "</p>\n<p>", c.dflash.prompts,
                   " prompts paired on identical trajectories; Δ = B − A with a ",
-                  Num(100 * c.bootstrap.confidence, 0),
+                  Fixed(100 * c.bootstrap.confidence, 0),
                   "% paired bootstrap interval over prompts (", c.bootstrap.resamples,
                   " resamples, seed ", c.bootstrap.seed, ").</p>\n");
   absl::StrAppend(&h, "<section id=\"comparison\">\n<h2>Δτ</h2>\n<table>\n<tr><th></th><th>A</th>"
                       "<th>B</th><th>Δ (B − A)</th><th>interval</th><th>verdict</th></tr>\n");
   auto row = [&](const std::string& name, double a, double b, double d,
                  const std::optional<Interval>& ci, const std::string& verdict) {
-    absl::StrAppend(&h, "<tr><th>", Escape(name), "</th><td class=\"num\">", Num(a, 4),
-                    "</td><td class=\"num\">", Num(b, 4), "</td><td class=\"num\">",
+    absl::StrAppend(&h, "<tr><th>", Escape(name), "</th><td class=\"num\">", Fixed(a, 4),
+                    "</td><td class=\"num\">", Fixed(b, 4), "</td><td class=\"num\">",
                     Signed(d, 4), "</td><td class=\"num ci\">",
                     ci ? absl::StrCat(Signed(ci->lo, 4), " – ", Signed(ci->hi, 4)) : "",
                     "</td><td>", Escape(verdict), "</td></tr>\n");

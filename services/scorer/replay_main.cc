@@ -384,10 +384,6 @@ absl::Status RunDDTree() {
   return absl::OkStatus();
 }
 
-json IntervalJson(const std::optional<Interval>& i) {
-  return i ? json::array({i->lo, i->hi}) : json(nullptr);
-}
-
 // features: case.{i}.canonical and case.{i}.foreign [T_i, n × H] (the drafter's context features
 // of trajectory i, any float dtype), metadata cases = [{"trajectory": [...], "prompt_len": P,
 // "max_length": M (optional)}, ...]. Both sets are replayed on the same trajectories; the

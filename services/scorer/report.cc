@@ -11,15 +11,16 @@
 #include "nlohmann/json.hpp"
 
 namespace specwire {
-namespace {
-
-using json = nlohmann::json;
 
 std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
 }
+
+namespace {
+
+using json = nlohmann::json;
 
 // The drafter section: everything known about it, and its config.json as an object.
 json DrafterJson(const ScoreReport& r) {

@@ -51,6 +51,8 @@ std::string TokenWindowSvg(const AcceptanceSummary& s);  // id "tau-by-token-win
 std::string CapacitySvg(const CapacityPlan& plan);       // id "capacity-speedup"
 
 std::string HtmlEscape(const std::string& text);
+// `v` with `digits` decimals ("%.*f").
+std::string Fixed(double v, int digits);
 
 // "τ 4.050 [3.912, 4.187]" pieces: " [lo, hi]" or "" without an interval.
 std::string IntervalText(const std::optional<Interval>& ci, int digits);

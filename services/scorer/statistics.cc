@@ -7,6 +7,12 @@
 #include "nlohmann/json.hpp"
 
 namespace specwire {
+
+nlohmann::json IntervalJson(const std::optional<Interval>& i) {
+  if (!i) return nullptr;
+  return nlohmann::json::array({i->lo, i->hi});
+}
+
 namespace {
 
 struct ResponseSums {

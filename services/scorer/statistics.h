@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace specwire {
 
 struct BootstrapOptions {
@@ -37,6 +39,9 @@ struct Interval {
   double lo = 0;
   double hi = 0;
 };
+
+// [lo, hi], or null when absent (the reports' JSON).
+nlohmann::json IntervalJson(const std::optional<Interval>& i);
 
 // τ of one list of step lengths per response, both ways, with intervals.
 struct TauEstimate {

@@ -1,9 +1,6 @@
 #include "services/scorer/target_head_cache.h"
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -35,22 +32,6 @@ std::string FileSafe(const std::string& s) {
       c = '-';
   }
   return out;
-}
-
-absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckHeadShape(const HeldTensor& t, const ExtractionContract& c,
@@ -119,8 +100,8 @@ absl::Status StoreTargetHead(const std::string& cache_dir, const std::string& we
     SW_RETURN_IF_ERROR(WriteSafetensors(file.string(), {{"tensor", t->dtype, t->shape, t->bytes}},
                                         {{"digest", digest}, {"name", t->name}}));
   }
-  return WriteFileAtomically(fs::path(cache_dir) / "targets" / (FileSafe(weights_digest) + ".json"),
-                             index.dump(2));
+  const fs::path index_path = fs::path(cache_dir) / "targets" / (FileSafe(weights_digest) + ".json");
+  return WriteFileAtomically(index_path.string(), index.dump(2));
 }
 
 absl::StatusOr<TargetHead> LoadCheckpointTargetHead(const std::string& dir,
