@@ -187,16 +187,15 @@ absl::Status WriteSample(const ExportSpec& spec, int32_t num_layers, const std::
   return WriteFileAtomically(dir + name, TorchSaveDict(d));
 }
 
-absl::StatusOr<std::vector<int64_t>> IntList(const json& v, size_t line, const char* field) {
-  if (!v.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", field, " is not a list"));
-  }
+// The integers of `v`; the error says what is wrong with `field` (the caller names the line).
+absl::StatusOr<std::vector<int64_t>> IntList(const json& v, const char* field) {
+  if (!v.is_array()) return absl::InvalidArgumentError(absl::StrCat(field, " is not a list"));
   std::vector<int64_t> out;
   out.reserve(v.size());
   for (const json& t : v) {
     if (!t.is_number_integer()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("line ", line, ": ", field, " holds ", t.dump(), ", not an integer"));
+          absl::StrCat(field, " holds ", t.dump(), ", not an integer"));
     }
     out.push_back(t.get<int64_t>());
   }
@@ -300,16 +299,16 @@ absl::StatusOr<std::vector<ExportRow>> ReadExportDataset(const std::string& path
     }
     if (!j.contains("input_ids")) return fail("needs input_ids");
     ExportRow r;
-    auto ids = IntList(j["input_ids"], line, "input_ids");
-    if (!ids.ok()) return fail(std::string(ids.status().message()).substr(absl::StrCat("line ", line, ": ").size()));
+    auto ids = IntList(j["input_ids"], "input_ids");
+    if (!ids.ok()) return fail(std::string(ids.status().message()));
     r.input_ids = *std::move(ids);
     if (r.input_ids.empty()) return fail("input_ids is empty");
     if (std::any_of(r.input_ids.begin(), r.input_ids.end(), [](int64_t t) { return t < 0; })) {
       return fail("input_ids holds a negative token id");
     }
     if (j.contains("loss_mask") && !j["loss_mask"].is_null()) {
-      auto mask = IntList(j["loss_mask"], line, "loss_mask");
-      if (!mask.ok()) return fail(std::string(mask.status().message()).substr(absl::StrCat("line ", line, ": ").size()));
+      auto mask = IntList(j["loss_mask"], "loss_mask");
+      if (!mask.ok()) return fail(std::string(mask.status().message()));
       r.loss_mask = *std::move(mask);
       if (r.loss_mask.size() != r.input_ids.size()) {
         return fail(absl::StrCat("loss_mask has ", r.loss_mask.size(), " entries for ",
