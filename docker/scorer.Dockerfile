@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # specwire-scorer (CPU): runs DFlash drafters against the target that extractors serve, and
 # specwire-score, the job client. From the repository root:
 #
@@ -11,6 +10,10 @@
 # takes libtorch from the pinned torch wheel; the runtime stage gets only the libraries the
 # binaries load (libtorch_cpu, libc10 and what they link, collected with ldd), not the wheel's
 # CUDA kernels. For a drafter on a GPU, build the binaries as in docker/extractor.Dockerfile.
+# BASE_IMAGE: any Ubuntu 24.04 or Debian 12 image (both stages use it; both releases ship the same
+# gRPC / absl / protobuf). BuildKit is required (the cache mounts keep pip's downloads and ccache's
+# objects between builds); only the Dockerfile syntax built into BuildKit is used, so no frontend
+# image is pulled.
 ARG BASE_IMAGE=ubuntu:24.04
 
 FROM ${BASE_IMAGE} AS build
@@ -26,14 +29,17 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 
 COPY requirements.txt constraints.txt /src/
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --target /opt/torch -c /src/constraints.txt \
+RUN --mount=type=cache,id=specwire-pip,target=/root/.cache/pip \
+    python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --target /opt/torch -c /src/constraints.txt \
          "$(grep -E '^torch==' /src/requirements.txt)" \
     && test -f /opt/torch/torch/include/ATen/ATen.h
 
 COPY . /src
 WORKDIR /src
-RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECWIRE_TESTS=OFF \
+ENV CCACHE_DIR=/root/.cache/ccache
+RUN --mount=type=cache,id=specwire-ccache,target=/root/.cache/ccache \
+    cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECWIRE_TESTS=OFF \
       -DSPECWIRE_TORCH_DIR=/opt/torch/torch -DPython3_EXECUTABLE=/opt/venv/bin/python \
     && cmake --build /build --target specwire-scorer specwire-score specwire-cli \
     && mkdir -p /opt/specwire/bin /opt/specwire/lib \

@@ -2,15 +2,21 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/rpc/health_service.h"
 
 namespace specwire {
@@ -18,6 +24,50 @@ namespace {
 
 std::atomic<bool> g_stop_signal{false};
 void OnStopSignal(int) { g_stop_signal = true; }
+
+// Why `address` ("host:port", "[v6]:port") cannot be bound, as the OS says it, or "" when a
+// probe bind succeeds (or the address is not host:port). Only asked after a listener failed, to
+// name the cause that gRPC and civetweb keep in their own logs: a port another process holds, an
+// address that is not this host's.
+std::string BindFailure(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || absl::StartsWith(address, "unix:")) return "";
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  host = std::string(absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::StrCat("the address does not resolve (", gai_strerror(rc), ")");
+  }
+  std::string failure;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC binds
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      failure = errno == EADDRINUSE ? "the port is already in use by another process"
+                                    : std::string(strerror(errno));
+    } else {
+      failure.clear();
+      close(fd);
+      break;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return failure;
+}
+
+std::string ListenFailure(const std::string& flag, const std::string& address) {
+  const std::string why = BindFailure(address);
+  return absl::StrCat(flag, "=", address, ": cannot listen", why.empty() ? "" : ": ", why);
+}
 
 }  // namespace
 
@@ -28,8 +78,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(ServerStartO
     try {
       s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics listener ", options.metrics_listen, ": ", e.what()));
+      const std::string why = BindFailure(options.metrics_listen);
+      return absl::UnavailableError(absl::StrCat("--metrics_listen=", options.metrics_listen,
+                                                 ": cannot serve metrics: ",
+                                                 why.empty() ? e.what() : why));
     }
     for (const auto& collectable : options.metrics) s->exposer_->RegisterCollectable(collectable);
   }
@@ -45,7 +97,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(ServerStartO
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(ListenFailure("--listen", options.listen));
   }
   s->health_->SetStatus("", true);
   if (!options.health_service.empty()) s->health_->SetStatus(options.health_service, true);

@@ -1,17 +1,23 @@
 """What the deployment tests share: repository paths, binaries, a server process started on a
-free port (its "serving ... on port N" line read back) and stopped by PID."""
+free port (its "serving ... on port N" line read back) and stopped by PID, and Prometheus: the
+repository's scrape config pointed at loopback targets, its HTTP API, and the dashboard's
+queries evaluated through it."""
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -112,3 +118,93 @@ def scorer(extractors: str, log_dir: Path, metrics_port: int, cache_dir: Path) -
 def http_get(url: str, timeout: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
+
+
+# --- Prometheus and the dashboard ------------------------------------------------------------
+
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "specwire.json"
+
+
+def dashboard_variables(drafter: str, dataset: str) -> dict[str, str]:
+    """Grafana's variables as the tests resolve them: the window spans many 1 s scrapes."""
+    return {"$__rate_interval": "1m", "$__interval": "5s", "$__range": "5m",
+            "$drafter": drafter, "$dataset": dataset}
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    for k in sorted(variables, key=len, reverse=True):
+        expr = expr.replace(k, variables[k])
+    assert "$" not in expr, f"unresolved variable in {expr}"
+    return expr
+
+
+def prometheus_config(ports: dict[str, int],
+                      rules_at: Path | None = DEPLOY / "prometheus") -> dict:
+    """The repository's config with each job's targets rewritten to 127.0.0.1:ports[job]
+    (everything else kept) and a 1 s scrape interval. Rule files are made absolute under
+    `rules_at`, or left relative to the config's folder when it is None."""
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    cfg["global"]["scrape_interval"] = "1s"
+    cfg["global"]["evaluation_interval"] = "1s"
+    if rules_at is not None:
+        cfg["rule_files"] = [str(rules_at / r) for r in cfg["rule_files"]]
+    for job in cfg["scrape_configs"]:
+        for key in [k for k in job if k.endswith("_sd_configs") or k == "static_configs"]:
+            del job[key]
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{ports[job['job_name']]}"]}]
+    assert set(ports) == {j["job_name"] for j in cfg["scrape_configs"]}
+    return cfg
+
+
+class Prometheus:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    def query(self, expr: str) -> list:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        body = json.loads(http_get(url))
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, expr: str, timeout: float = 30.0) -> list:
+        """The first result of `expr` holding a finite value (or the last one at the
+        deadline)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                result = self.query(expr)
+            except OSError:  # not listening yet
+                result = []
+            if any(math.isfinite(float(r["value"][1])) for r in result):
+                return result
+            if time.monotonic() > deadline:
+                return result
+            time.sleep(0.5)
+
+    def label_values(self, metric: str, label: str) -> list[str]:
+        url = (f"{self.base}/api/v1/label/{label}/values?"
+               + urllib.parse.urlencode({"match[]": metric}))
+        return json.loads(http_get(url))["data"]
+
+
+def dashboard_gaps(prom: Prometheus, variables: dict[str, str],
+                   dashboard: Path = DASHBOARD) -> tuple[int, list[str]]:
+    """(number of queries, the ones without data): every panel's PromQL with the variables
+    substituted, and every variable's label_values(metric, label) query, which must offer the
+    value substituted for it."""
+    dash = json.loads(dashboard.read_text())
+    empty, n = [], 0
+    for panel in dash["panels"]:
+        for t in panel.get("targets", []):
+            expr = substitute(t["expr"], variables)
+            n += 1
+            result = prom.wait_for(expr, timeout=10)
+            if not any(math.isfinite(float(r["value"][1])) for r in result):
+                empty.append(f"{panel['title']}: {expr} -> {result}")
+    for var in dash["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", var["definition"])
+        n += 1
+        if m is None or variables["$" + var["name"]] not in prom.label_values(m.group(1),
+                                                                              m.group(2)):
+            empty.append(f"variable {var['name']}: {var['definition']}")
+    return n, empty

@@ -1,8 +1,8 @@
 """The deployment files, checked with the tools that consume them where this machine has them
 (docker-compose / `docker compose`, promtool, CMake, kubectl's kustomize) and against each other:
 names, ports, probes, the metric names the services export and the packages scripts/setup.sh
-installs. No Docker engine runs here, so images are not built; the build stage's CMake configure
-runs for real against the local libtorch."""
+installs. Images are not built here (compose_stack.py, run by hand, builds them and runs the stack);
+the build stage's CMake configure runs for real against the local libtorch."""
 from __future__ import annotations
 
 import json
@@ -277,20 +277,42 @@ def test_k8s_manifests():
 
 # --- Docker ----------------------------------------------------------------------------------
 
-def dockerfile_stages(path: Path) -> list[dict]:
+def dockerfile_stages(path: Path, build_args: dict[str, str] | None = None) -> list[dict]:
     """[{"from": image, "name": stage, "lines": [instruction lines]}], continuation lines
-    joined."""
+    joined and ${ARG}s replaced by their defaults (or `build_args`), as `docker build` resolves
+    them: global ARGs in FROM lines, a stage's own ARGs in its instructions."""
     text = re.sub(r"\\\n", " ", path.read_text())
+    build_args = build_args or {}
+    known: dict[str, str] = {}  # global ARGs, then the current stage's
     stages = []
+
+    def expand(value: str, scope: dict[str, str]) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: scope.get(m.group(1), m.group(0)), value)
+
+    global_args: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        arg = re.match(r"ARG\s+(\w+)(?:=(\S*))?", line)
+        if arg:
+            name, default = arg.group(1), arg.group(2) or ""
+            scope = global_args if not stages else known
+            value = build_args.get(name, expand(default, scope))
+            if not stages:
+                global_args[name] = value
+            else:  # a stage ARG without a default inherits the global one
+                known[name] = build_args.get(name, value if arg.group(2) is not None
+                                             else global_args.get(name, ""))
+                stages[-1]["lines"].append(line)
+            continue
         m = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.I)
         if m:
-            stages.append({"from": m.group(1), "name": m.group(2), "lines": []})
+            stages.append({"from": expand(m.group(1), global_args), "name": m.group(2),
+                           "lines": []})
+            known = {}
         elif stages:
-            stages[-1]["lines"].append(line)
+            stages[-1]["lines"].append(expand(line, known))
     return stages
 
 
@@ -384,3 +406,19 @@ def test_dockerignore_keeps_the_context_small():
     ignored = {l.strip() for l in (REPO / ".dockerignore").read_text().splitlines()
                if l.strip() and not l.startswith("#")}
     assert {".git", ".venv", "build", "models"} <= ignored
+
+
+def test_the_cpu_extractor_image_differs_from_the_cuda_one_only_in_base_and_backend():
+    """compose_stack.py builds the extractor image for CPUs with these build arguments: the same
+    instructions, on another base, without the CUDA backend."""
+    path = DOCKER / "extractor.Dockerfile"
+    cuda = dockerfile_stages(path)
+    cpu = dockerfile_stages(path, {"BUILD_BASE": "debian:12", "RUNTIME_BASE": "debian:12",
+                                   "SPECWIRE_CUDA": "OFF"})
+    assert [s["from"] for s in cpu] == ["debian:12", "debian:12"]
+    for a, b in zip(cuda, cpu):
+        switched = [l.replace("-DSPECWIRE_CUDA=ON", "-DSPECWIRE_CUDA=OFF")
+                     .replace('[ "ON" = ON ]', '[ "OFF" = ON ]') for l in a["lines"]]
+        assert switched == b["lines"]
+    build = "\n".join(cpu[0]["lines"])
+    assert "-DSPECWIRE_CUDA=OFF" in build and '[ "OFF" = ON ]' in build

@@ -15,7 +15,8 @@ import urllib.parse
 
 import pytest
 import yaml
-from deploy_harness import (DEPLOY, SCORE, Process, binary, extractor, free_port, http_get,
+from deploy_harness import (SCORE, Process, Prometheus, binary, dashboard_gaps,
+                            dashboard_variables, extractor, free_port, http_get, prometheus_config,
                             scorer)
 
 import extractor_harness  # noqa: E402  (puts tests/parity on sys.path)
@@ -23,55 +24,7 @@ import dflash_fixtures as F  # noqa: E402  (the drafter is dflash's model class)
 
 DRAFTER_LABEL = "live-drafter"
 DATASET_LABEL = "live-set"
-# Grafana's variables as this test resolves them: the window spans many 1 s scrapes.
-VARIABLES = {"$__rate_interval": "1m", "$__interval": "5s", "$__range": "5m",
-             "$drafter": DRAFTER_LABEL, "$dataset": DATASET_LABEL}
-
-
-def substitute(expr: str) -> str:
-    for k in sorted(VARIABLES, key=len, reverse=True):
-        expr = expr.replace(k, VARIABLES[k])
-    assert "$" not in expr, f"unresolved variable in {expr}"
-    return expr
-
-
-def prometheus_config(extractor_metrics: int, scorer_metrics: int, prometheus_port: int) -> dict:
-    """The repository's config with each job's targets rewritten to this test's loopback ports
-    (everything else, rule files included, kept) and a 1 s scrape interval."""
-    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    cfg["global"]["scrape_interval"] = "1s"
-    cfg["global"]["evaluation_interval"] = "1s"
-    cfg["rule_files"] = [str(DEPLOY / "prometheus" / r) for r in cfg["rule_files"]]
-    ports = {"specwire-extractor": extractor_metrics, "specwire-scorer": scorer_metrics,
-             "prometheus": prometheus_port}
-    for job in cfg["scrape_configs"]:
-        for key in [k for k in job if k.endswith("_sd_configs") or k == "static_configs"]:
-            del job[key]
-        job["static_configs"] = [{"targets": [f"127.0.0.1:{ports[job['job_name']]}"]}]
-    assert set(ports) == {j["job_name"] for j in cfg["scrape_configs"]}
-    return cfg
-
-
-class Prometheus:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-
-    def query(self, expr: str) -> list:
-        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        body = json.loads(http_get(url))
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait_for(self, expr: str, timeout: float = 30.0) -> list:
-        """The first result of `expr` holding a finite value."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if any(math.isfinite(float(r["value"][1])) for r in result):
-                return result
-            if time.monotonic() > deadline:
-                return result
-            time.sleep(0.5)
+VARIABLES = dashboard_variables(DRAFTER_LABEL, DATASET_LABEL)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +48,9 @@ def stack(tmp_path_factory):
         port = free_port()
         config = root / "prometheus.yml"
         config.write_text(
-            yaml.safe_dump(prometheus_config(ext.metrics_port, sc.metrics_port, port)))
+            yaml.safe_dump(prometheus_config({"specwire-extractor": ext.metrics_port,
+                                              "specwire-scorer": sc.metrics_port,
+                                              "prometheus": port})))
         prom = Process(["prometheus", f"--config.file={config}",
                         f"--storage.tsdb.path={root / 'tsdb'}",
                         f"--web.listen-address=127.0.0.1:{port}"],
@@ -151,26 +106,9 @@ def scored(stack) -> dict:
 
 
 def test_every_dashboard_expression_returns_data(scored):
-    prom = scored["prometheus"]
-    dash = json.loads((DEPLOY / "grafana" / "dashboards" / "specwire.json").read_text())
-    empty = []
-    n = 0
-    for panel in dash["panels"]:
-        for t in panel.get("targets", []):
-            expr = substitute(t["expr"])
-            n += 1
-            result = prom.wait_for(expr, timeout=10)
-            if not any(math.isfinite(float(r["value"][1])) for r in result):
-                empty.append(f"{panel['title']}: {expr} -> {result}")
+    n, empty = dashboard_gaps(scored["prometheus"], VARIABLES)
     assert not empty, "\n".join(empty)
     assert n >= 20
-
-    # The variables' label_values(metric, label) queries.
-    for var in dash["templating"]["list"]:
-        m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", var["definition"])
-        url = (f"{prom.base}/api/v1/label/{m.group(2)}/values?"
-               + urllib.parse.urlencode({"match[]": m.group(1)}))
-        assert VARIABLES["$" + var["name"]] in json.loads(http_get(url))["data"]
 
 
 def test_numbers_match_the_scorer_and_rules_are_loaded(scored):
