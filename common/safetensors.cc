@@ -171,6 +171,8 @@ const char* DTypeName(DType d) {
       return "F32";
     case DType::kI64:
       return "I64";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -184,18 +186,24 @@ size_t DTypeSize(DType d) {
       return 4;
     case DType::kI64:
       return 8;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
+
+bool IsFloat(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
 
 absl::StatusOr<DType> ParseDTypeName(std::string_view name) {
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
   if (name == "F32") return DType::kF32;
+  if (name == "I64") return DType::kI64;
+  if (name == "BOOL") return DType::kBool;
   // Debian's absl has its own string_view type, which std::string_view does not convert to.
   return absl::InvalidArgumentError(
       absl::StrCat("dtype \"", absl::string_view(name.data(), name.size()),
-                   "\" is not supported (expected BF16, F16 or F32)"));
+                   "\" is not supported (expected BF16, F16, F32, I64 or BOOL)"));
 }
 
 int64_t TensorView::numel() const {

@@ -5,7 +5,7 @@
 // then the data section; offsets are relative to the data section's start.
 //
 // The reader validates everything before handing out a view: header length bound, JSON shape,
-// dtype (BF16 / F16 / F32 only), shape × element size == byte length, offsets inside the file,
+// dtype (BF16 / F16 / F32 / I64 / BOOL), shape × element size == byte length, offsets inside the file,
 // tensors contiguous and non-overlapping (they must tile the data section without gaps, as
 // every safetensors writer produces). Errors name the file, the tensor and the problem.
 #pragma once
@@ -22,14 +22,16 @@
 
 namespace specwire {
 
-// kI64 is for files specwire writes (token ids beside states); checkpoints are read as floats
-// only, so ParseDTypeName does not accept it.
-enum class DType { kBF16, kF16, kF32, kI64 };
+// Weights and states are floats (BF16 / F16 / F32); I64 and BOOL hold token ids and vocabulary
+// maps (files specwire writes; an EAGLE-3 drafter's d2t / t2d). Readers of weights check
+// IsFloat.
+enum class DType { kBF16, kF16, kF32, kI64, kBool };
 
-// "BF16" / "F16" / "F32" / "I64".
+// "BF16" / "F16" / "F32" / "I64" / "BOOL".
 const char* DTypeName(DType d);
 size_t DTypeSize(DType d);
-// The floating dtypes a checkpoint may hold: BF16, F16, F32.
+bool IsFloat(DType d);
+// The dtypes a file may hold: BF16, F16, F32, I64, BOOL.
 absl::StatusOr<DType> ParseDTypeName(std::string_view name);
 
 // A tensor inside a mapped file. Non-owning: valid while the SafetensorsFile lives.

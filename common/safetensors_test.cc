@@ -89,7 +89,13 @@ TEST(DTypeTest, NamesSizesAndParsing) {
   EXPECT_EQ(DTypeSize(DType::kF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   ExpectError(ParseDTypeName("bf16").status(), absl::StatusCode::kInvalidArgument, {"\"bf16\""});
-  ExpectError(ParseDTypeName("I64").status(), absl::StatusCode::kInvalidArgument, {"\"I64\""});
+  ExpectError(ParseDTypeName("I32").status(), absl::StatusCode::kInvalidArgument, {"\"I32\""});
+  EXPECT_EQ(*ParseDTypeName("I64"), DType::kI64);
+  EXPECT_EQ(*ParseDTypeName("BOOL"), DType::kBool);
+  EXPECT_EQ(DTypeSize(DType::kBool), 1u);
+  EXPECT_FALSE(IsFloat(DType::kI64));
+  EXPECT_FALSE(IsFloat(DType::kBool));
+  EXPECT_TRUE(IsFloat(DType::kBF16));
 }
 
 TEST(TensorViewTest, Numel) {
@@ -246,8 +252,8 @@ TEST_F(SafetensorsTest, JsonNotAnObject) {
 }
 
 TEST_F(SafetensorsTest, UnknownDtype) {
-  ExpectError(OpenRaw(R"({"ids":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", "12345678"),
-              absl::StatusCode::kInvalidArgument, {"bad.safetensors", "\"ids\"", "\"I64\""});
+  ExpectError(OpenRaw(R"({"ids":{"dtype":"U32","shape":[1],"data_offsets":[0,4]}})", "1234"),
+              absl::StatusCode::kInvalidArgument, {"bad.safetensors", "\"ids\"", "\"U32\""});
   ExpectError(OpenRaw(R"({"q":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", "1"),
               absl::StatusCode::kInvalidArgument, {"\"q\"", "\"F8_E4M3\""});
   ExpectError(OpenRaw(R"({"q":{"shape":[1],"data_offsets":[0,1]}})", "1"),

@@ -23,6 +23,8 @@ const char* StorageClass(DType d) {
       return "FloatStorage";
     case DType::kI64:
       return "LongStorage";
+    case DType::kBool:
+      return "BoolStorage";
   }
   return "FloatStorage";
 }

@@ -193,6 +193,12 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
                          " but config.json implies ", ShapeString(slot.shape)));
         return;
       }
+      if (!IsFloat(view->dtype)) {
+        load_error = absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", source, "\" is ", DTypeName(view->dtype),
+                         "; weights must be BF16, F16 or F32"));
+        return;
+      }
       const at::ScalarType want = slot.keep_fp32 ? at::kFloat : options.dtype;
       // Same dtype on CPU: the mapped bytes are used in place.
       *slot.slot = WrapView(*view).to(want);

@@ -17,6 +17,7 @@ at::ScalarType ToScalarType(DType d) {
     case DType::kF16: return at::kHalf;
     case DType::kF32: return at::kFloat;
     case DType::kI64: return at::kLong;
+    case DType::kBool: return at::kBool;
   }
   return at::kFloat;
 }

@@ -351,6 +351,12 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
         }
         return;
       }
+      if (!IsFloat(view->dtype)) {
+        error = absl::InvalidArgumentError(absl::StrCat("tensor \"", slot.name, "\" is ",
+                                                        DTypeName(view->dtype),
+                                                        "; weights must be BF16, F16 or F32"));
+        return;
+      }
       *slot.slot = WrapView(*view).to(dtype);
       consumed.insert(slot.name);
     });

@@ -437,7 +437,7 @@ TEST_F(DrafterFixture, EarlyExitAcceptanceMatchesTheFullArgmax) {
   ASSERT_NE(d, nullptr);
   auto drafter = MakeBlockDrafter(d.get());
   auto session = drafter->NewSession(32);
-  session->AppendContext(Features(9));
+  session->AppendContext(Features(9), std::vector<int64_t>(9, -1));
   at::Tensor drafts = session->DraftLogits(4, 9, 8).argmax(-1);
   ASSERT_EQ(drafts.numel(), 7);
   for (int64_t mismatch = 0; mismatch <= 7; ++mismatch) {

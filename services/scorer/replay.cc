@@ -14,7 +14,7 @@ class DFlashSession : public DraftSession {
  public:
   DFlashSession(const DFlashDrafter* drafter, int64_t capacity)
       : drafter_(drafter), cache_(drafter->NewCache(capacity)) {}
-  void AppendContext(const at::Tensor& features) override {
+  void AppendContext(const at::Tensor& features, std::span<const int64_t>) override {
     drafter_->AppendContext(*cache_, features);
   }
   at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len) override {
@@ -36,7 +36,8 @@ class DFlashBlockDrafter : public BlockDrafter {
   }
 
   void AppendContext(const std::vector<DraftSession*>& sessions,
-                     const std::vector<at::Tensor>& features) override {
+                     const std::vector<at::Tensor>& features,
+                     const std::vector<std::vector<int64_t>>&) override {
     drafter_->AppendContext(Caches(sessions), features);
   }
 
@@ -119,9 +120,17 @@ int64_t DraftSession::AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
   return a;
 }
 
+std::vector<int64_t> NextTokens(const std::vector<int64_t>& traj, int64_t first, int64_t n) {
+  std::vector<int64_t> out(n, -1);
+  const int64_t T = static_cast<int64_t>(traj.size());
+  for (int64_t i = 0; i < n && first + i + 1 < T; ++i) out[i] = traj[first + i + 1];
+  return out;
+}
+
 void BlockDrafter::AppendContext(const std::vector<DraftSession*>& sessions,
-                                 const std::vector<at::Tensor>& features) {
-  for (size_t r = 0; r < sessions.size(); ++r) sessions[r]->AppendContext(features[r]);
+                                 const std::vector<at::Tensor>& features,
+                                 const std::vector<std::vector<int64_t>>& next_tokens) {
+  for (size_t r = 0; r < sessions.size(); ++r) sessions[r]->AppendContext(features[r], next_tokens[r]);
 }
 
 at::Tensor BlockDrafter::DraftLogits(const std::vector<DraftSession*>& sessions,
@@ -290,7 +299,7 @@ std::vector<SampledAcceptance> TeacherForcedAcceptance(
               "lm_head ", lm_head.sizes(), " does not fit the final-norm state ",
               final_norm.sizes());
   std::unique_ptr<DraftSession> session = drafter->NewSession(T + B);
-  session->AppendContext(features.narrow(0, 0, prompt_len));
+  session->AppendContext(features.narrow(0, 0, prompt_len), NextTokens(traj, 0, prompt_len));
   int64_t start = prompt_len;
   for (int32_t produced : step_lengths) {
     const int64_t len = std::min<int64_t>(B, max_length - start);
@@ -328,7 +337,7 @@ std::vector<SampledAcceptance> TeacherForcedAcceptance(
     } else {
       for (SampledAcceptance& a : out) a.block_tau.push_back(1.0);
     }
-    session->AppendContext(features.narrow(0, start, produced));
+    session->AppendContext(features.narrow(0, start, produced), NextTokens(traj, start, produced));
     start += produced;
   }
   return out;
@@ -350,15 +359,17 @@ std::vector<std::vector<int32_t>> AcceptanceReplay::RunLoops(
   std::vector<std::unique_ptr<DraftSession>> sessions;
   std::vector<DraftSession*> all;
   std::vector<at::Tensor> rows;
+  std::vector<std::vector<int64_t>> next;
   std::vector<int64_t> start(R);
   for (int64_t r = 0; r < R; ++r) {
     sessions.push_back(
         drafter_->NewSession(static_cast<int64_t>(inputs[r].trajectory->size()) + B));
     all.push_back(sessions.back().get());
     rows.push_back(inputs[r].features->narrow(0, 0, inputs[r].prompt_len));
+    next.push_back(NextTokens(*inputs[r].trajectory, 0, inputs[r].prompt_len));
     start[r] = inputs[r].prompt_len;
   }
-  drafter_->AppendContext(all, rows);
+  drafter_->AppendContext(all, rows, next);
 
   // Lockstep: every unfinished response drafts its next block; blocks of equal length share a
   // forward (only the last blocks before max_length are shorter).
@@ -371,6 +382,7 @@ std::vector<std::vector<int32_t>> AcceptanceReplay::RunLoops(
     if (by_len.empty()) break;
     std::vector<DraftSession*> stepped;
     rows.clear();
+    next.clear();
     for (const auto& [len, group] : by_len) {
       std::vector<DraftSession*> ss;
       std::vector<int64_t> anchors, starts;
@@ -415,10 +427,11 @@ std::vector<std::vector<int32_t>> AcceptanceReplay::RunLoops(
         lengths[r].push_back(static_cast<int32_t>(produced));
         stepped.push_back(sessions[r].get());
         rows.push_back(inputs[r].features->narrow(0, start[r], produced));
+        next.push_back(NextTokens(*inputs[r].trajectory, start[r], produced));
         start[r] += produced;
       }
     }
-    drafter_->AppendContext(stepped, rows);
+    drafter_->AppendContext(stepped, rows, next);
   }
   return lengths;
 }

@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "services/scorer/acceptance.h"
@@ -51,8 +52,10 @@ struct ReplayOptions {
 class DraftSession {
  public:
   virtual ~DraftSession() = default;
-  // Context rows [n, features] for the next n positions.
-  virtual void AppendContext(const at::Tensor& features) = 0;
+  // Context rows [n, features] for the next n positions; next_tokens[i] is the token at the
+  // position after row i (−1 past the trajectory's end). DFlash ignores them; EAGLE-3 pairs each
+  // row's target states with that token.
+  virtual void AppendContext(const at::Tensor& features, std::span<const int64_t> next_tokens) = 0;
   // Logits [len−1, V] of the block [anchor, MASK × (len−1)] at [start, start+len); the context
   // covers exactly [0, start).
   virtual at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len) = 0;
@@ -75,7 +78,8 @@ class BlockDrafter {
   virtual std::unique_ptr<DraftSession> NewSession(int64_t capacity) = 0;
 
   virtual void AppendContext(const std::vector<DraftSession*>& sessions,
-                             const std::vector<at::Tensor>& features);
+                             const std::vector<at::Tensor>& features,
+                             const std::vector<std::vector<int64_t>>& next_tokens);
   // [R, len − 1, V] (fp32).
   virtual at::Tensor DraftLogits(const std::vector<DraftSession*>& sessions,
                                  const std::vector<int64_t>& anchors,
@@ -85,6 +89,10 @@ class BlockDrafter {
                                               const std::vector<int64_t>& starts, int64_t len,
                                               const std::vector<std::vector<int64_t>>& truths);
 };
+
+// The tokens after rows [first, first + n) of a trajectory: traj[first + 1 .. first + n], −1 past
+// its end.
+std::vector<int64_t> NextTokens(const std::vector<int64_t>& traj, int64_t first, int64_t n);
 
 // DFlashDrafter behind the BlockDrafter interface (the drafter is not owned).
 std::unique_ptr<BlockDrafter> MakeBlockDrafter(const DFlashDrafter* drafter);

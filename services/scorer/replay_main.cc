@@ -35,6 +35,7 @@
 #include "services/extractor/engine.h"
 #include "services/scorer/acceptance.h"
 #include "services/scorer/drafter.h"
+#include "services/scorer/eagle3_drafter.h"
 #include "services/scorer/replay.h"
 #include "services/scorer/statistics.h"
 
@@ -55,6 +56,8 @@ ABSL_FLAG(int64_t, batch, 16, "replay: responses replayed in lockstep per drafte
 ABSL_FLAG(bool, full_logits, false,
           "replay: all B-1 rows of logits per block, like dflash's loop (default: stop at each "
           "block's first mismatch).");
+ABSL_FLAG(int64_t, block, 0,
+          "eagle3-replay: drafts per step + 1 (0: the drafter's speculative_tokens + 1, else 8).");
 ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
 ABSL_FLAG(std::string, device_map, "cpu",
           "Target placement (see specwire-extract); the drafter runs on the target's output "
@@ -82,7 +85,15 @@ Commands:
   ddtree            DDTree acceptance on given log-prob tables (JSON in, JSON out)
   features          the DFlash replay of the same trajectories on two sets of context features
                     (canonical and foreign, e.g. from another stack): both τ and the paired Δτ
-                    with its bootstrap interval, as JSON (specwire_client.audit uses it))";
+                    with its bootstrap interval, as JSON (specwire_client.audit uses it)
+  eagle3-draft      EAGLE-3 chains on given features and next tokens (parity tests):
+                    case.{i}.features [T, A·H] and case.{i}.tokens [T] (I64, the token after each
+                    row); metadata cases = [{"steps": [{"context_end": e, "len": l}]}]; each
+                    step drafts l − 1 tokens after the rows [0, e), teacher-forced with
+                    tokens[e .. e + l − 3], and writes its draft-vocabulary logits to --out
+                    (--target_checkpoint only for a drafter without embed_tokens)
+  eagle3-replay     the greedy chain replay of an EAGLE-3 drafter (--block = drafts + 1) on the
+                    target's greedy trajectories (--tokens_file); prints JSON)";
 
 absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) {
   SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
@@ -318,6 +329,10 @@ absl::Status RunDraft() {
       if (view == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("--cases: case.", i, ".features missing"));
       }
+      if (!IsFloat(view->dtype)) {
+        return absl::InvalidArgumentError(absl::StrCat("--cases: case.", i, ".features is ",
+                                                       DTypeName(view->dtype), ", not a float"));
+      }
       at::Tensor features = WrapView(*view);
       auto cache = m.drafter->NewCache(features.size(0) + m.drafter->config().block_size);
       const json& steps = cases[i]["steps"];
@@ -422,6 +437,10 @@ absl::Status RunFeatures() {
       const std::string name = absl::StrCat("case.", i, ".", set);
       const TensorView* view = in->Find(name);
       if (view == nullptr) return absl::InvalidArgumentError(absl::StrCat("--cases: ", name, " missing"));
+      if (!IsFloat(view->dtype)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--cases: ", name, " is ", DTypeName(view->dtype), ", not a float"));
+      }
       if (view->shape != std::vector<int64_t>{T, width}) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--cases: ", name, " has shape [", absl::StrJoin(view->shape, ", "), "]; the drafter reads [",
@@ -474,6 +493,178 @@ absl::Status RunFeatures() {
   return absl::OkStatus();
 }
 
+// An EAGLE-3 drafter, checked against the in-process target when one is given.
+struct Eagle3Models {
+  std::unique_ptr<ExtractionEngine> engine;  // null without --target_checkpoint
+  std::unique_ptr<Eagle3Drafter> drafter;
+};
+
+absl::StatusOr<Eagle3Models> LoadEagle3(bool need_target) {
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  const std::string target = absl::GetFlag(FLAGS_target_checkpoint);
+  if (drafter.empty()) return absl::InvalidArgumentError("--drafter is required");
+  if (need_target && target.empty()) {
+    return absl::InvalidArgumentError("--target_checkpoint is required");
+  }
+  LoadOptions load;
+  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
+  load.device_map = absl::GetFlag(FLAGS_device_map);
+  Eagle3Models m;
+  at::Device device = at::kCPU;
+  if (!target.empty()) {
+    SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(target, load));
+    device = m.engine->model().output_device();
+  }
+  SW_ASSIGN_OR_RETURN(m.drafter, Eagle3Drafter::Load(drafter, load.dtype, device));
+  if (m.engine) {
+    SW_RETURN_IF_ERROR(CheckEagle3FitsTarget(m.drafter->mutable_config(), m.engine->config()));
+    SW_RETURN_IF_ERROR(m.drafter->SetTargetEmbedding(m.engine->model().embed_tokens()));
+  }
+  return m;
+}
+
+absl::Status RunEagle3Draft() {
+  SW_ASSIGN_OR_RETURN(Eagle3Models m, LoadEagle3(false));
+  const std::string cases_path = absl::GetFlag(FLAGS_cases), out_path = absl::GetFlag(FLAGS_out);
+  if (cases_path.empty() || out_path.empty()) {
+    return absl::InvalidArgumentError("eagle3-draft needs --cases and --out");
+  }
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
+  auto meta = in->metadata().find("cases");
+  if (meta == in->metadata().end()) {
+    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
+  }
+  json cases = json::parse(meta->second, nullptr, false);
+  if (cases.is_discarded() || !cases.is_array()) {
+    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a JSON list");
+  }
+  std::vector<std::pair<std::string, at::Tensor>> outputs;
+  SW_RETURN_IF_ERROR(RunGuarded("eagle3-draft", [&]() -> absl::Status {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const TensorView* fv = in->Find(absl::StrCat("case.", i, ".features"));
+      const TensorView* tv = in->Find(absl::StrCat("case.", i, ".tokens"));
+      if (fv == nullptr || tv == nullptr || !IsFloat(fv->dtype) || tv->dtype != DType::kI64 ||
+          tv->shape.size() != 1 || fv->shape.size() != 2 || fv->shape[0] != tv->shape[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cases: case.", i, " needs float features [T, A·H] and I64 tokens [T]"));
+      }
+      at::Tensor features = WrapView(*fv);
+      const int64_t* tok = reinterpret_cast<const int64_t*>(tv->data);
+      const int64_t T = tv->shape[0];
+      std::vector<int64_t> tokens(tok, tok + T);
+      auto cache = m.drafter->NewCache(T + 16);
+      const json& steps = cases[i]["steps"];
+      for (size_t j = 0; j < steps.size(); ++j) {
+        const int64_t end = steps[j].at("context_end").get<int64_t>();
+        const int64_t len = steps[j].at("len").get<int64_t>();
+        if (end < std::max<int64_t>(cache->length(), 1) || end > T || len < 2 ||
+            end + len - 2 > T) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "case ", i, " step ", j, ": context_end ", end, " / len ", len,
+              " outside the case (context ", cache->length(), ", ", T, " rows)"));
+        }
+        const int64_t from = cache->length();
+        m.drafter->AppendContext(*cache, features.narrow(0, from, end - from),
+                                 std::span<const int64_t>(tokens).subspan(from, end - from));
+        std::span<const int64_t> forced = std::span<const int64_t>(tokens).subspan(end, len - 2);
+        at::Tensor logits = m.drafter->DraftChain(*cache, len, forced);
+        outputs.emplace_back(absl::StrCat("case.", i, ".step.", j, ".logits"),
+                             logits.contiguous());
+      }
+    }
+    return absl::OkStatus();
+  }));
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [name, t] : outputs) {
+    tensors.push_back(
+        {name, DType::kF32, t.sizes().vec(),
+         std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
+  }
+  SW_RETURN_IF_ERROR(WriteSafetensors(out_path, tensors));
+  std::cout << json({{"tensors", outputs.size()}}).dump() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunEagle3Replay() {
+  SW_ASSIGN_OR_RETURN(Eagle3Models m, LoadEagle3(true));
+  const Eagle3Config& c = m.drafter->config();
+  int64_t block = absl::GetFlag(FLAGS_block);
+  if (block == 0) block = c.speculative_tokens > 0 ? c.speculative_tokens + 1 : 8;
+  if (block < 2 || block > 65) return absl::InvalidArgumentError("--block must be in [2, 65]");
+  const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (max_new_tokens < 1) return absl::InvalidArgumentError("--max_new_tokens must be positive");
+  const std::string file = absl::GetFlag(FLAGS_tokens_file);
+  if (file.empty()) return absl::InvalidArgumentError("eagle3-replay needs --tokens_file");
+  SW_ASSIGN_OR_RETURN(json j, ReadJson(file, "tokens_file"));
+  if (!j.is_array()) return absl::InvalidArgumentError("--tokens_file: expected a list of prompts");
+  GenerateOptions gen;
+  gen.max_new_tokens = max_new_tokens;
+  gen.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
+  std::vector<std::vector<int64_t>> trajectories, completions;
+  std::vector<int64_t> prompt_lens;
+  for (size_t i = 0; i < j.size(); ++i) {
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> p,
+                        TokenList(j[i], absl::StrCat("--tokens_file[", i, "]")));
+    if (p.empty()) return absl::InvalidArgumentError(absl::StrCat("--tokens_file[", i, "]: empty"));
+    SW_ASSIGN_OR_RETURN(GenerateResult r, m.engine->Generate(p, gen));
+    if (r.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("prompt ", i, ": empty completion"));
+    prompt_lens.push_back(static_cast<int64_t>(p.size()));
+    completions.push_back(r.tokens);
+    p.insert(p.end(), r.tokens.begin(), r.tokens.end());
+    trajectories.push_back(std::move(p));
+  }
+  // The auxiliary states: decoder-layer outputs before the final norm (vLLM's and SGLang's
+  // capture), in ascending layer order.
+  CaptureSpec capture;
+  capture.layers = c.target_layer_ids;
+  SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
+                      m.engine->Extract(trajectories, capture, m.drafter->dtype()));
+  std::vector<at::Tensor> features;
+  for (const SequenceStates& s : states) {
+    std::vector<at::Tensor> parts;
+    for (int64_t id : c.target_layer_ids) parts.push_back(s.layers.at(id));
+    features.push_back(at::cat(parts, -1));
+  }
+  std::vector<ResponseAcceptance> results;
+  double seconds = 0;
+  SW_RETURN_IF_ERROR(RunGuarded("eagle3-replay", [&]() -> absl::Status {
+    std::unique_ptr<BlockDrafter> drafter =
+        MakeBlockDrafter(m.drafter.get(), static_cast<int32_t>(block));
+    AcceptanceReplay replay(drafter.get());
+    ReplayOptions options;
+    options.ddtree_budgets.clear();
+    std::vector<ReplayInput> inputs;
+    for (size_t i = 0; i < trajectories.size(); ++i) {
+      inputs.push_back({&trajectories[i], &features[i], prompt_lens[i],
+                        prompt_lens[i] + max_new_tokens});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    results = replay.RunBatch(inputs, options);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return absl::OkStatus();
+  }));
+  SW_RETURN_IF_ERROR(ValidateAcceptance(results, static_cast<int32_t>(block)));
+  json out;
+  out["drafter"] = absl::GetFlag(FLAGS_drafter);
+  out["format"] = Eagle3FormatName(c.format);
+  out["block"] = block;
+  out["target_layer_ids"] = c.target_layer_ids;
+  json responses = json::array();
+  int64_t steps = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    steps += static_cast<int64_t>(results[i].step_lengths.size());
+    responses.push_back({{"prompt_tokens", results[i].prompt_tokens},
+                         {"completion", completions[i]},
+                         {"step_lengths", results[i].step_lengths}});
+  }
+  out["responses"] = responses;
+  out["summary"] = json::parse(AcceptanceSummaryToJson(Summarize(results, static_cast<int32_t>(block))));
+  out["timing"] = {{"replay_seconds", seconds}, {"chains", steps},
+                   {"chains_per_second", seconds > 0 ? steps / seconds : 0.0}};
+  std::cout << out.dump() << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   if (args.size() > 1) return absl::InvalidArgumentError("unexpected argument " + args[1]);
   const std::string command = args.empty() ? "replay" : args[0];
@@ -486,6 +677,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (command == "draft") return RunDraft();
   if (command == "ddtree") return RunDDTree();
   if (command == "features") return RunFeatures();
+  if (command == "eagle3-draft") return RunEagle3Draft();
+  if (command == "eagle3-replay") return RunEagle3Replay();
   return absl::InvalidArgumentError("unknown command " + command + " (see --help)");
 }
 

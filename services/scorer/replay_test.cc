@@ -35,7 +35,7 @@ class FakeDrafter : public BlockDrafter {
   class Session : public DraftSession {
    public:
     explicit Session(FakeDrafter* d) : d_(d) {}
-    void AppendContext(const at::Tensor& features) override {
+    void AppendContext(const at::Tensor& features, std::span<const int64_t>) override {
       d_->appended.push_back(features.size(0));
       context_ += features.size(0);
     }

@@ -129,6 +129,11 @@ absl::StatusOr<TargetHead> LoadCheckpointTargetHead(const std::string& dir,
     if (v == nullptr) {
       return absl::NotFoundError(absl::StrCat(where, ": no tensor ", stored));
     }
+    if (!IsFloat(v->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", stored, " is ",
+                                                     DTypeName(v->dtype),
+                                                     "; weights must be BF16, F16 or F32"));
+    }
     HeldTensor t;
     t.name = canonical;
     t.shape = v->shape;
