@@ -3,6 +3,7 @@ on the path (speculators 0.9.0 and SpecForge 0.2.0 from .venv/trainer-oracles; t
 with the project's, so they never share its interpreter).
 
     python eagle3_reference.py SPEC.json
+    python eagle3_reference.py replay SPEC.json
 
 SPEC: {"out": DIR, "variants": {name: {...}}, "length": L, "steps": K, "seed": S}. For each
 variant: a tiny random drafter of that family and format, saved by the package's own
@@ -10,7 +11,16 @@ save_pretrained into DIR/name, random auxiliary features and next tokens, and th
 training-time multi-step forward (its test-time-training loop, teacher-forced) over them:
 DIR/name.cases.safetensors holds case.0.features [L, A·T], case.0.tokens [L] and, per step k,
 ref.step.k [L, Vd] (the logits of every lane) and ref64.step.k (the same forward in float64: how
-far fp32 rounding alone carries the reference over the chained steps)."""
+far fp32 rounding alone carries the reference over the chained steps).
+
+replay: SPEC {"data": F.safetensors (traj.{i} [T_i] I64, aux.{i} [T_i, A·H] = the target's
+hidden_states at the auxiliary indices, from transformers), "prompt_len", "max_new_tokens",
+"block", "target": DIR, "out": DIR, "train_steps"}: a speculators drafter for the target (its
+embedding, lm_head rows of the draft vocabulary as speculators initialises them), trained a few
+steps on the trajectories, saved by save_pretrained, and replayed: at each step the chain of
+drafts after the context is drafted with the package's forward (a draft is fed back as the next
+lane token and the forward run again), accepted up to the first mismatch with the trajectory.
+Prints {"step_lengths": [[...] per trajectory]}."""
 from __future__ import annotations
 
 import copy
@@ -154,7 +164,121 @@ def specforge_variant(v: dict, out: Path, L: int, K: int, seed: int) -> dict:
             "steps64": ttt(copy.deepcopy(m).double(), feats.double())}
 
 
+def replay_main(spec: dict) -> None:
+    from safetensors.torch import load_file
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import AutoConfig, LlamaConfig
+
+    torch.manual_seed(0)
+    data = load_file(spec["data"])
+    n = len([k for k in data if k.startswith("traj.")])
+    trajs = [data[f"traj.{i}"].tolist() for i in range(n)]
+    aux = [data[f"aux.{i}"].float() for i in range(n)]
+    tc = AutoConfig.from_pretrained(spec["target"])
+    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    V, H = tc.vocab_size, tc.hidden_size
+    ids_layers = spec["aux_ids"]
+    # The draft vocabulary: every token the trajectories use, then the lowest others.
+    used = sorted({t for tr in trajs for t in tr})
+    rest = [t for t in range(V) if t not in set(used)]
+    chosen = torch.tensor(sorted(used + rest[: max(0, spec["draft_vocab"] - len(used))]))
+    Vd = len(chosen)
+    tl = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=H // 4,
+                     max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    tl._attn_implementation = "eager"
+    K = spec["block"] - 1
+    cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=tl, draft_vocab_size=Vd, eagle_aux_hidden_state_layer_ids=ids_layers,
+        norm_before_residual=True,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
+            verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
+    m = Eagle3DraftModel(cfg)
+    with torch.no_grad():
+        if Vd != V:
+            m.d2t.copy_(chosen - torch.arange(Vd))
+            t2d = torch.zeros(V, dtype=torch.bool)
+            t2d[chosen] = True
+            m.t2d.copy_(t2d)
+        m.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
+        m.lm_head.weight.copy_(target["lm_head.weight"][chosen])
+    to_draft = torch.full((V,), -100, dtype=torch.long)
+    to_draft[chosen] = torch.arange(Vd)
+    # Training: every lane's step-0 logits (the TTT forward with one step) against the next
+    # token but one; enough for a spread of accepted lengths.
+    params = [p for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    m.train()
+    for step in range(spec["train_steps"]):
+        i = step % n
+        L = len(trajs[i]) - 2
+        feats = aux[i][:L][None]
+        ids = torch.tensor(trajs[i][1:L + 1])[None]
+        labels = to_draft[torch.tensor(trajs[i][2:L + 2])]
+        captured = []
+        hook = m.lm_head.register_forward_hook(lambda mod, a, o: captured.append(o))
+        m(hidden_states=feats, input_ids=ids, document_ids=torch.zeros(1, L, dtype=torch.long),
+          ttt_steps=1)
+        hook.remove()
+        loss = torch.nn.functional.cross_entropy(captured[0][0], labels, ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    out = Path(spec["out"])
+    m.save_pretrained(out)
+
+    def chain(i: int, start: int, drafts: int) -> list[int]:
+        """The package's forward drafting `drafts` tokens after the context [0, start)."""
+        t = start - 1
+        L = start + drafts  # lanes past t only hold the drafts fed back
+        feats = torch.zeros(1, L, aux[i].shape[1])
+        feats[0, :start] = aux[i][:start]
+        ids = torch.zeros(1, L, dtype=torch.long)
+        ids[0, :start] = torch.tensor(trajs[i][1:start + 1])
+        out_tokens = []
+        for k in range(drafts):
+            captured = []
+            hook = m.lm_head.register_forward_hook(lambda mod, a, o: captured.append(o))
+            with torch.no_grad():
+                m(hidden_states=feats, input_ids=ids,
+                  document_ids=torch.zeros(1, L, dtype=torch.long), ttt_steps=k + 1)
+            hook.remove()
+            d = int(captured[k][0, t].argmax())
+            y = int(chosen[d]) if Vd != V else d
+            out_tokens.append(y)
+            if t + k + 1 < L:
+                ids[0, t + k + 1] = y
+        return out_tokens
+
+    P, max_length = spec["prompt_len"], spec["prompt_len"] + spec["max_new_tokens"]
+    lengths = []
+    for i, traj in enumerate(trajs):
+        T, start, steps = len(traj), P, []
+        while start + 1 < T:
+            drafts = min(spec["block"], max_length - start) - 1
+            got = chain(i, start, drafts) if drafts > 0 else []
+            a = 0
+            while a < len(got) and start + a + 1 < T and got[a] == traj[start + a + 1]:
+                a += 1
+            produced = min(a + 1, T - 1 - start)
+            steps.append(produced)
+            start += produced
+        lengths.append(steps)
+    print(json.dumps({"step_lengths": lengths, "draft_vocab": Vd}))
+
+
 def main() -> None:
+    if sys.argv[1] == "replay":
+        torch.set_num_threads(1)
+        replay_main(json.loads(Path(sys.argv[2]).read_text()))
+        return
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out"])
     torch.set_num_threads(1)

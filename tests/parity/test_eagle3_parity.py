@@ -326,3 +326,67 @@ def write_random_drafter(d: Path, fmt: str, V: int, H: int, ids: list[int]) -> N
         t["d2t"] = torch.zeros(V, dtype=torch.int64)
         t["t2d"] = torch.ones(V, dtype=torch.bool)
     save_file(t, str(d / "model.safetensors"))
+
+
+# --- 3. chain replay against a replay written on the reference model ---------------------------
+
+REPLAY_PROMPT_LEN = 8
+REPLAY_NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """A speculators drafter trained a little on a tiny random Qwen3 target's greedy
+    trajectories (transformers), the reference replay of it (eagle3_reference.py replay), and
+    specwire's (specwire-replay eagle3-replay, the target in-process)."""
+    root = tmp_path_factory.mktemp("eagle3-replay")
+    target_dir = F.make_target(root)
+    hf = F.hf_target(target_dir)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(500) for _ in range(REPLAY_PROMPT_LEN)] for _ in range(6)]
+    aux_ids = [1, 2, 3]  # HF hidden_states indices: layers 0, 1, 2 before the final norm
+    with torch.no_grad():
+        trajs = F.greedy_batch(hf, prompts, REPLAY_NEW_TOKENS)
+        hs = hf(torch.tensor(trajs), output_hidden_states=True).hidden_states
+    data = {}
+    for i, t in enumerate(trajs):
+        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
+        data[f"aux.{i}"] = torch.cat([hs[k][i] for k in aux_ids], -1).contiguous()
+    save_file(data, str(root / "data.safetensors"))
+    results = {}
+    for block in (4, 7):
+        spec = root / f"replay{block}.json"
+        drafter = root / f"drafter{block}"
+        spec.write_text(json.dumps({
+            "data": str(root / "data.safetensors"), "target": str(target_dir),
+            "out": str(drafter), "prompt_len": REPLAY_PROMPT_LEN,
+            "max_new_tokens": REPLAY_NEW_TOKENS, "block": block, "train_steps": 120,
+            "aux_ids": aux_ids, "draft_vocab": 300}))
+        env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
+        r = subprocess.run([sys.executable, str(Path(__file__).parent / "eagle3_reference.py"),
+                            "replay", str(spec)], capture_output=True, text=True, timeout=900,
+                           env=env)
+        assert r.returncode == 0, r.stderr[-4000:]
+        ref = json.loads(r.stdout.strip().splitlines()[-1])
+        ours = F.run_replay(["eagle3-replay", "--drafter", str(drafter), "--target_checkpoint",
+                             str(target_dir), "--tokens_file",
+                             str(F.write_json(root / "prompts.json", prompts)),
+                             "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--block", str(block),
+                             "--ignore_model_eos", "--threads=1"])
+        results[block] = (ref, ours)
+    return {"trajectories": trajs, "results": results}
+
+
+def test_chain_replay_equals_the_reference_replay(replayed):
+    for block, (ref, ours) in replayed["results"].items():
+        assert [r["completion"] for r in ours["responses"]] == \
+            [t[REPLAY_PROMPT_LEN:] for t in replayed["trajectories"]], block
+        got = [r["step_lengths"] for r in ours["responses"]]
+        assert got == ref["step_lengths"], (block, got, ref["step_lengths"])
+        flat = [a for steps in got for a in steps]
+        # Steps spread: the check is not all-ones, and sums are the completion lengths.
+        assert max(flat) >= 3 and min(flat) == 1, (block, flat)
+        assert all(sum(s) == REPLAY_NEW_TOKENS - 1 for s in got)
+        assert ours["format"] == "speculators" and ours["target_layer_ids"] == [0, 1, 2]
+        print(f"block {block}: tau {ours['summary']['tau_mean_of_means']:.3f} over "
+              f"{len(flat)} steps, draft vocabulary {ref['draft_vocab']}")
