@@ -31,7 +31,7 @@ absl::Status CheckDrafterContract(const DrafterSpec& d, const ExtractionContract
                                       ", extractor serves layers [0, ", t.num_layers, ")"));
     }
   }
-  if (d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size) {
+  if (d.method == "dflash" && (d.mask_token_id < 0 || d.mask_token_id >= t.vocab_size)) {
     problems.push_back(absl::StrCat("mask_token_id: drafter uses ", d.mask_token_id,
                                     ", extractor's vocabulary is [0, ", t.vocab_size, ")"));
   }

@@ -433,6 +433,39 @@ struct Eagle3Drafter::Impl {
     return h;
   }
 
+  // A tree node's row: K/V at `slot`; attends to the context rows (windowed as a chain) and
+  // the rows at `ancestors` (root first), then its own.
+  at::Tensor TreeRow(std::vector<std::unique_ptr<KvCache>>& kv, int64_t length, int64_t slot,
+                     const std::vector<int64_t>& ancestors, int64_t pos, const at::Tensor& e,
+                     const at::Tensor& g) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D()));
+    at::Tensor h;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      at::Tensor x, residual;
+      if (i == 0) {
+        std::tie(x, residual) = FirstInput(l, e, g);
+      } else {
+        residual = h;
+        x = Norm(h, l.in_norm);
+      }
+      auto [q, kk, vv] = Qkv(l, x, pos);
+      kv[i]->k.narrow(2, slot, 1).copy_(kk);
+      kv[i]->v.narrow(2, slot, 1).copy_(vv);
+      const int64_t lo = l.window > 0 ? std::max<int64_t>(0, length - l.window) : 0;
+      std::vector<int64_t> keys;
+      for (int64_t j = lo; j < length; ++j) keys.push_back(j);
+      keys.insert(keys.end(), ancestors.begin(), ancestors.end());
+      keys.push_back(slot);
+      at::Tensor idx = at::tensor(keys, at::kLong).to(device);
+      at::Tensor attn = at::scaled_dot_product_attention(
+          q, kv[i]->k.index_select(2, idx), kv[i]->v.index_select(2, idx), {}, 0.0, false, scale,
+          Hq() != Hkv());
+      h = Finish(l, attn.transpose(1, 2).reshape({1, Hq() * D()}), residual);
+    }
+    return h;
+  }
+
   at::Tensor Head(const at::Tensor& h) const {
     return at::linear(config.norm_before_head ? Norm(h, norm) : h, lm_head).to(at::kFloat);
   }
@@ -697,6 +730,95 @@ void Eagle3Drafter::AppendContext(Eagle3Cache& cache, const at::Tensor& features
   cache.last_token_ = next_tokens[n - 1];
 }
 
+int64_t Eagle3Tree::Accepted(std::span<const int64_t> truth) const {
+  int64_t at = -1, a = 0;
+  while (a < static_cast<int64_t>(truth.size())) {
+    int64_t next = -1;
+    for (size_t n = 0; n < token.size(); ++n) {
+      if (kept[n] && parent[n] == at && token[n] == truth[a]) {
+        next = static_cast<int64_t>(n);
+        break;
+      }
+    }
+    if (next < 0) break;
+    at = next;
+    ++a;
+  }
+  return a;
+}
+
+Eagle3Tree Eagle3Drafter::DraftTree(Eagle3Cache& cache, const Eagle3TreeOptions& options,
+                                    int32_t levels) const {
+  const Impl& m = *impl_;
+  TORCH_CHECK(cache.length_ >= 1, "EAGLE-3: a tree needs at least one context row");
+  TORCH_CHECK(options.depth >= 1 && options.top_k >= 1 && options.total_tokens >= 1,
+              "EAGLE-3 tree: depth, top_k and total_tokens must be positive");
+  levels = std::min(levels, options.depth);
+  TORCH_CHECK(levels >= 1, "EAGLE-3 tree of ", levels, " levels");
+  c10::InferenceMode guard;
+  const int64_t k = std::min<int64_t>(options.top_k, m.config.draft_vocab_size);
+  EnsureCapacity(cache, cache.length_ + k * levels + 1);
+  auto kv = Views(cache.k_, cache.v_, m.dtype, m.device);
+  Eagle3Tree tree;
+  std::vector<at::Tensor> out_h;     // per node: its row's output (frontier nodes only)
+  std::vector<int64_t> slot_of;      // per node: its row's cache slot (−1: no row)
+  auto add = [&](int64_t token, int64_t parent, int32_t level, float score) {
+    tree.token.push_back(token);
+    tree.parent.push_back(parent);
+    tree.level.push_back(level);
+    tree.score.push_back(score);
+    out_h.emplace_back();
+    slot_of.push_back(-1);
+  };
+  auto log_probs = [&](const at::Tensor& h) {
+    return at::log_softmax(m.Head(h).reshape({-1}), -1).to(at::kCPU);
+  };
+  {
+    auto [v, i] = at::topk(log_probs(cache.last_hidden_), k);
+    for (int64_t j = 0; j < k; ++j) {
+      add(m.draft_to_target[i[j].item<int64_t>()], -1, 1, v[j].item<float>());
+    }
+  }
+  std::vector<int64_t> frontier(k);
+  for (int64_t j = 0; j < k; ++j) frontier[j] = j;
+  int64_t next_slot = cache.length_;
+  for (int32_t level = 2; level <= levels; ++level) {
+    std::vector<float> cand_score;
+    std::vector<std::pair<int64_t, int64_t>> cand;  // (parent node, target token)
+    for (int64_t f : frontier) {
+      std::vector<int64_t> ancestors;
+      for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
+      std::reverse(ancestors.begin(), ancestors.end());
+      const at::Tensor& hp = tree.parent[f] >= 0 ? out_h[tree.parent[f]] : cache.last_hidden_;
+      at::Tensor g = m.config.feed_normed_hidden ? m.Norm(hp, m.norm) : hp;
+      const int64_t ids[1] = {tree.token[f]};
+      const int64_t pos = cache.length_ - 1 + m.config.position_offset + tree.level[f];
+      slot_of[f] = next_slot++;
+      out_h[f] = m.TreeRow(kv, cache.length_, slot_of[f], ancestors, pos, m.Embed(ids), g);
+      auto [v, i] = at::topk(log_probs(out_h[f]), k);
+      for (int64_t j = 0; j < k; ++j) {
+        cand.emplace_back(f, m.draft_to_target[i[j].item<int64_t>()]);
+        cand_score.push_back(tree.score[f] + v[j].item<float>());
+      }
+    }
+    const int64_t first = static_cast<int64_t>(tree.token.size());
+    for (size_t c = 0; c < cand.size(); ++c) {
+      add(cand[c].second, cand[c].first, level, cand_score[c]);
+    }
+    if (level == levels) break;
+    at::Tensor scores = at::tensor(cand_score, at::kFloat);
+    at::Tensor best = std::get<1>(at::topk(scores, std::min<int64_t>(k, scores.size(0))));
+    frontier.clear();
+    for (int64_t j = 0; j < best.size(0); ++j) frontier.push_back(first + best[j].item<int64_t>());
+  }
+  tree.kept.assign(tree.token.size(), false);
+  at::Tensor all = at::tensor(tree.score, at::kFloat);
+  at::Tensor keep = std::get<1>(
+      at::topk(all, std::min<int64_t>(options.total_tokens, all.size(0))));
+  for (int64_t j = 0; j < keep.size(0); ++j) tree.kept[keep[j].item<int64_t>()] = true;
+  return tree;
+}
+
 int64_t Eagle3Drafter::ToTarget(int64_t draft_id) const { return impl_->draft_to_target.at(draft_id); }
 
 at::Tensor Eagle3Drafter::ToTargetLogits(const at::Tensor& draft_logits) const {
@@ -770,7 +892,7 @@ class Eagle3Session : public DraftSession {
     return accepted;
   }
 
- private:
+ protected:
   void Check(int64_t anchor, int64_t start) const {
     TORCH_CHECK(start == cache_->length(), "EAGLE-3 chain at ", start, " but the context covers [0, ",
                 cache_->length(), ")");
@@ -780,24 +902,57 @@ class Eagle3Session : public DraftSession {
   std::unique_ptr<Eagle3Cache> cache_;
 };
 
+// Tree acceptance: a block of length len is a tree of len − 1 levels.
+class Eagle3TreeSession : public Eagle3Session {
+ public:
+  Eagle3TreeSession(const Eagle3Drafter* drafter, int64_t capacity, Eagle3TreeOptions options,
+                    std::vector<Eagle3Tree>* trees)
+      : Eagle3Session(drafter, capacity), options_(options), trees_(trees) {}
+  at::Tensor DraftLogits(int64_t, int64_t, int64_t) override {
+    TORCH_CHECK(false, "an EAGLE-3 tree has no block logits (tree acceptance only)");
+  }
+  int64_t AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
+                         const std::vector<int64_t>& truth) override {
+    Check(anchor, start);
+    Eagle3Tree tree = drafter_->DraftTree(*cache_, options_, static_cast<int32_t>(len - 1));
+    const int64_t a = tree.Accepted(truth);
+    if (trees_ != nullptr) trees_->push_back(std::move(tree));
+    return a;
+  }
+
+ private:
+  Eagle3TreeOptions options_;
+  std::vector<Eagle3Tree>* trees_;
+};
+
 class Eagle3BlockDrafter : public BlockDrafter {
  public:
-  Eagle3BlockDrafter(const Eagle3Drafter* drafter, int32_t block_size)
-      : drafter_(drafter), block_size_(block_size) {}
+  Eagle3BlockDrafter(const Eagle3Drafter* drafter, int32_t block_size,
+                     std::optional<Eagle3TreeOptions> tree, std::vector<Eagle3Tree>* trees)
+      : drafter_(drafter), block_size_(block_size), tree_(tree), trees_(trees) {}
   int32_t block_size() const override { return block_size_; }
   std::unique_ptr<DraftSession> NewSession(int64_t capacity) override {
+    if (tree_) return std::make_unique<Eagle3TreeSession>(drafter_, capacity, *tree_, trees_);
     return std::make_unique<Eagle3Session>(drafter_, capacity);
   }
 
  private:
   const Eagle3Drafter* drafter_;
   int32_t block_size_;
+  std::optional<Eagle3TreeOptions> tree_;
+  std::vector<Eagle3Tree>* trees_;
 };
 
 }  // namespace
 
 std::unique_ptr<BlockDrafter> MakeBlockDrafter(const Eagle3Drafter* drafter, int32_t block_size) {
-  return std::make_unique<Eagle3BlockDrafter>(drafter, block_size);
+  return std::make_unique<Eagle3BlockDrafter>(drafter, block_size, std::nullopt, nullptr);
+}
+
+std::unique_ptr<BlockDrafter> MakeTreeBlockDrafter(const Eagle3Drafter* drafter,
+                                                   const Eagle3TreeOptions& options,
+                                                   std::vector<Eagle3Tree>* trees) {
+  return std::make_unique<Eagle3BlockDrafter>(drafter, options.depth + 1, options, trees);
 }
 
 }  // namespace specwire

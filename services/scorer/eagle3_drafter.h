@@ -60,6 +60,9 @@ struct Eagle3Config {
   bool norm_before_head = true;       // SpecForge's norm_output (false: logits = lm_head(h))
   int64_t position_offset = 1;        // P(j) = j + offset (speculators 1, SpecForge 0)
   int32_t speculative_tokens = 0;     // speculators' proposal length (0: not declared)
+  // Drafts per chain: speculative_tokens when declared, else kDefaultDrafts.
+  static constexpr int32_t kDefaultDrafts = 5;
+  int32_t drafts() const { return speculative_tokens > 0 ? speculative_tokens : kDefaultDrafts; }
   std::string verifier;               // speculators_config.verifier.name_or_path ("" if null)
 
   // Fills target_layer_ids from the declared ids (or the package's default for a target of
@@ -96,6 +99,29 @@ class Eagle3Cache {
   int64_t last_token_ = -1;        // the token that row paired with (the next anchor)
 };
 
+// EAGLE's top-k draft tree (EAGLE-2's dynamic tree, as EAGLE-3 serves it): level 1 holds the
+// top_k drafts of the last context row; each further level expands the top_k nodes of the level
+// before by cumulative log-probability (the frontier), each into its top_k children; the tree
+// keeps the total_tokens nodes of highest cumulative log-probability (log-probabilities add along
+// a path, so the kept set holds every kept node's ancestors, ties aside). A node's row attends to
+// the context and its ancestors' rows.
+struct Eagle3TreeOptions {
+  int32_t depth = 5;          // levels of drafts
+  int32_t top_k = 8;          // children per expanded node, and nodes expanded per level
+  int32_t total_tokens = 32;  // nodes kept for verification
+};
+
+struct Eagle3Tree {
+  std::vector<int64_t> token;   // target ids
+  std::vector<int64_t> parent;  // node index, −1 under the root (the anchor)
+  std::vector<int32_t> level;   // 1-based
+  std::vector<float> score;     // cumulative log-probability (fp32, as EAGLE adds them)
+  std::vector<bool> kept;
+  // The longest path from the root through kept nodes whose tokens are truth[0], truth[1], ...
+  // (what greedy tree verification commits): its length.
+  int64_t Accepted(std::span<const int64_t> truth) const;
+};
+
 class Eagle3Drafter {
  public:
   // config.json + *.safetensors (or pytorch_model.bin is refused with the conversion named).
@@ -127,6 +153,10 @@ class Eagle3Drafter {
   // differs from it (the rows after it are not computed and stay zero).
   at::Tensor DraftChain(Eagle3Cache& cache, int64_t len, std::span<const int64_t> forced = {},
                         std::span<const int64_t> stop_at = {}, int64_t* accepted = nullptr) const;
+  // The draft tree after the context (start = cache.length()), at most `levels` deep (≤
+  // options.depth; the replay shortens it at max_length).
+  Eagle3Tree DraftTree(Eagle3Cache& cache, const Eagle3TreeOptions& options,
+                       int32_t levels) const;
   // Draft ids → target ids, and draft-vocabulary logits [..., Vd] → target-vocabulary logits
   // [..., V] (−inf outside the draft vocabulary).
   int64_t ToTarget(int64_t draft_id) const;
@@ -142,5 +172,10 @@ class Eagle3Drafter {
 // The drafter behind the replay's BlockDrafter interface (replay.h; not owned): a block of
 // length len is a chain of len − 1 drafts; acceptance stops drafting at the first mismatch.
 std::unique_ptr<BlockDrafter> MakeBlockDrafter(const Eagle3Drafter* drafter, int32_t block_size);
+// The same with tree acceptance: a block of length len is a tree of len − 1 levels (block_size =
+// options.depth + 1). Each step's tree is appended to `trees` when given.
+std::unique_ptr<BlockDrafter> MakeTreeBlockDrafter(const Eagle3Drafter* drafter,
+                                                   const Eagle3TreeOptions& options,
+                                                   std::vector<Eagle3Tree>* trees = nullptr);
 
 }  // namespace specwire

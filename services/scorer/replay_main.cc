@@ -18,6 +18,7 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/checkpoint.h"
 #include "common/command_line.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
@@ -56,8 +58,13 @@ ABSL_FLAG(int64_t, batch, 16, "replay: responses replayed in lockstep per drafte
 ABSL_FLAG(bool, full_logits, false,
           "replay: all B-1 rows of logits per block, like dflash's loop (default: stop at each "
           "block's first mismatch).");
+ABSL_FLAG(std::string, tree, "",
+          "eagle3-replay: EAGLE's top-k tree instead of the chain, as depth,top_k,total_tokens.");
+ABSL_FLAG(std::string, tree_dump, "",
+          "eagle3-replay --tree: write every step's tree (tokens, parents, levels, scores, kept) "
+          "here as JSON.");
 ABSL_FLAG(int64_t, block, 0,
-          "eagle3-replay: drafts per step + 1 (0: the drafter's speculative_tokens + 1, else 8).");
+          "eagle3-replay: drafts per step + 1 (0: the drafter's speculative_tokens + 1, else 6).");
 ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
 ABSL_FLAG(std::string, device_map, "cpu",
           "Target placement (see specwire-extract); the drafter runs on the target's output "
@@ -589,7 +596,18 @@ absl::Status RunEagle3Replay() {
   SW_ASSIGN_OR_RETURN(Eagle3Models m, LoadEagle3(true));
   const Eagle3Config& c = m.drafter->config();
   int64_t block = absl::GetFlag(FLAGS_block);
-  if (block == 0) block = c.speculative_tokens > 0 ? c.speculative_tokens + 1 : 8;
+  if (block == 0) block = c.drafts() + 1;
+  std::optional<Eagle3TreeOptions> tree;
+  if (const std::string t = absl::GetFlag(FLAGS_tree); !t.empty()) {
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> v, ParseIntList(t, "tree"));
+    if (v.size() != 3 || v[0] < 1 || v[0] > 64 || v[1] < 1 || v[1] > 64 || v[2] < 1) {
+      return absl::InvalidArgumentError(
+          "--tree must be depth,top_k,total_tokens (depth and top_k in [1, 64], total >= 1)");
+    }
+    tree = Eagle3TreeOptions{static_cast<int32_t>(v[0]), static_cast<int32_t>(v[1]),
+                             static_cast<int32_t>(v[2])};
+    block = v[0] + 1;
+  }
   if (block < 2 || block > 65) return absl::InvalidArgumentError("--block must be in [2, 65]");
   const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new_tokens < 1) return absl::InvalidArgumentError("--max_new_tokens must be positive");
@@ -626,13 +644,16 @@ absl::Status RunEagle3Replay() {
     features.push_back(at::cat(parts, -1));
   }
   std::vector<ResponseAcceptance> results;
+  std::vector<Eagle3Tree> trees;
   double seconds = 0;
   SW_RETURN_IF_ERROR(RunGuarded("eagle3-replay", [&]() -> absl::Status {
     std::unique_ptr<BlockDrafter> drafter =
-        MakeBlockDrafter(m.drafter.get(), static_cast<int32_t>(block));
+        tree ? MakeTreeBlockDrafter(m.drafter.get(), *tree, &trees)
+             : MakeBlockDrafter(m.drafter.get(), static_cast<int32_t>(block));
     AcceptanceReplay replay(drafter.get());
     ReplayOptions options;
     options.ddtree_budgets.clear();
+    options.max_batch = 1;  // trees are recorded in response order
     std::vector<ReplayInput> inputs;
     for (size_t i = 0; i < trajectories.size(); ++i) {
       inputs.push_back({&trajectories[i], &features[i], prompt_lens[i],
@@ -658,6 +679,19 @@ absl::Status RunEagle3Replay() {
                          {"step_lengths", results[i].step_lengths}});
   }
   out["responses"] = responses;
+  if (tree) {
+    out["tree"] = {{"depth", tree->depth}, {"top_k", tree->top_k},
+                   {"total_tokens", tree->total_tokens}};
+    if (const std::string dump = absl::GetFlag(FLAGS_tree_dump); !dump.empty()) {
+      json all = json::array();
+      for (const Eagle3Tree& t : trees) {
+        std::vector<int> kept(t.kept.begin(), t.kept.end());
+        all.push_back({{"token", t.token}, {"parent", t.parent}, {"level", t.level},
+                       {"score", t.score}, {"kept", kept}});
+      }
+      SW_RETURN_IF_ERROR(WriteFileAtomically(dump, all.dump()));
+    }
+  }
   out["summary"] = json::parse(AcceptanceSummaryToJson(Summarize(results, static_cast<int32_t>(block))));
   out["timing"] = {{"replay_seconds", seconds}, {"chains", steps},
                    {"chains_per_second", seconds > 0 ? steps / seconds : 0.0}};

@@ -34,6 +34,8 @@ json DrafterJson(const ScoreReport& r) {
   d["config"] = config;
   d["loaded_by_scorer"] = r.drafter_loaded;
   if (r.drafter_loaded) {
+    d["method"] = r.drafter.method;
+    d["format"] = r.drafter.format;
     d["block_size"] = r.drafter.block_size;
     d["num_layers"] = r.drafter.num_layers;
     d["hidden_size"] = r.drafter.hidden_size;

@@ -71,7 +71,8 @@ ABSL_FLAG(std::string, drafter_label, "",
           "Metric/report label (default: the drafter directory's name).");
 ABSL_FLAG(std::string, dataset_label, "",
           "Metric/report label (default: the dataset's file name or \"inline\").");
-ABSL_FLAG(std::string, method_label, "", "Metric/report label (default \"dflash\").");
+ABSL_FLAG(std::string, method_label, "",
+          "Metric/report label (default: the drafter's family, dflash or eagle3).");
 ABSL_FLAG(bool, add_special_tokens, false,
           "Tokenize text prompts with the tokenizer's special tokens.");
 ABSL_FLAG(std::string, json_out, "", "Write the JSON report here.");
@@ -319,6 +320,9 @@ absl::Status RunOnScorer(const ScoreSpec& spec, const ScorerConnection& scorer, 
         case v1::ScoreResponse::kContract:
           report.contract = ContractFromProto(m.contract());
           report.extractors.assign(m.extractors().begin(), m.extractors().end());
+          if (report.labels.method.empty()) report.labels.method = m.method_label();
+          report.drafter.method = m.drafter_method();
+          report.drafter.format = m.drafter_format();
           break;
         case v1::ScoreResponse::kProgress: {
           ScoreProgress p;

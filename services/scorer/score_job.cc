@@ -64,8 +64,10 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   // 1. The target, as every extractor states it.
   SW_ASSIGN_OR_RETURN(const ConnectedTarget target,
                       ConnectTarget(*pool_, options_.fetch.retry, cancelled, options_.log));
-  // 2. The drafter, checked against it before any work.
+  // 2. The drafter, checked against it before any work; its family labels the job unless the
+  // job names a method.
   SW_ASSIGN_OR_RETURN(const DrafterSpec drafter, LoadCheckedDrafter(spec, target.contract));
+  if (spec.labels.method.empty()) spec.labels.method = drafter.method;
   // 3. Prompts, 4. the target head.
   std::string template_record;
   SW_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> prompts,
@@ -105,6 +107,8 @@ absl::StatusOr<DrafterSpec> ScoreRunner::LoadCheckedDrafter(const ScoreSpec& spe
   if (!loaded.ok()) {
     return Annotate(loaded.status(), absl::StrCat("drafter_path ", spec.drafter_path));
   }
+  SW_RETURN_IF_ERROR(Annotate(backend_->FitDrafterToTarget(*loaded, contract.num_layers),
+                              absl::StrCat("drafter_path ", spec.drafter_path)));
   SW_RETURN_IF_ERROR(CheckDrafterContract(*loaded, contract));
   return loaded;
 }
@@ -150,6 +154,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
   request.max_new_tokens = spec.max_new_tokens;
   request.target_layer_ids = drafter.target_layer_ids;
   request.num_layers = target.contract.num_layers;
+  request.last_layer_is_final_norm = drafter.last_layer_is_final_norm;
   request.request_id_prefix = absl::StrCat("score-", spec.labels.drafter, "-");
   request.final_norm = !spec.sampling.empty();
   TrajectoryFetcher fetcher(target.endpoints, std::move(request), options_.fetch, cancelled,

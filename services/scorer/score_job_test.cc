@@ -159,6 +159,10 @@ TEST(DrafterStates, LastLayerIsTheFinalNormTap) {
   s = DrafterStates({1, 16, 31, 46, 61}, 64);
   EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{1, 16, 31, 46, 61}));
   EXPECT_FALSE(s.final_norm);
+  // EAGLE-3's auxiliary states are layer outputs before the norm, the last layer's too.
+  s = DrafterStates({0, 2}, 3, /*last_layer_is_final_norm=*/false);
+  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{0, 2}));
+  EXPECT_FALSE(s.final_norm);
 }
 
 TEST(TrajectoryFromReply, StatesInTargetLayerOrder) {
@@ -252,7 +256,8 @@ TEST(ResolveLabels, Defaults) {
   ScoreSpec s;
   s.drafter_path = "/models/Qwen3-8B-DFlash-b16/";
   s.dataset_path = "/data/gsm8k.jsonl";
-  EXPECT_EQ(ResolveLabels(s), (ScoreLabels{"Qwen3-8B-DFlash-b16", "gsm8k", "dflash"}));
+  // The method is the job's, or (ScoreRunner::Run) the loaded drafter's family.
+  EXPECT_EQ(ResolveLabels(s), (ScoreLabels{"Qwen3-8B-DFlash-b16", "gsm8k", ""}));
   s.dataset_path.clear();
   s.labels.method = "dflash-sw";
   EXPECT_EQ(ResolveLabels(s), (ScoreLabels{"Qwen3-8B-DFlash-b16", "inline", "dflash-sw"}));

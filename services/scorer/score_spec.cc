@@ -147,7 +147,7 @@ ScoreLabels ResolveLabels(const ScoreSpec& spec) {
   if (l.dataset.empty()) {
     l.dataset = spec.dataset_path.empty() ? "inline" : fs::path(spec.dataset_path).stem().string();
   }
-  if (l.method.empty()) l.method = "dflash";
+  // method: the job's, else the drafter's family once it is loaded (ScoreRunner::Run).
   return l;
 }
 absl::StatusOr<std::string> CanonicalTemplateRecord(const std::string& text,

@@ -1,11 +1,13 @@
-// The libtorch side of the scorer: DFlashDrafter + AcceptanceReplay behind the plain types of
-// scorer_backend.h, so neither the job runner nor the rpc code sees torch.
+// The libtorch side of the scorer: the drafters (DFlash, EAGLE-3; the family read from the
+// checkpoint's own declaration) and AcceptanceReplay behind the plain types of scorer_backend.h,
+// so neither the job runner nor the rpc code sees torch.
 #include "services/scorer/scorer_backend.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "services/scorer/drafter.h"
+#include "services/scorer/eagle3_drafter.h"
 #include "services/scorer/replay.h"
 
 namespace specwire {
@@ -45,35 +48,65 @@ class TorchScorerBackend : public ScorerBackend {
 
   absl::StatusOr<DrafterSpec> LoadDrafter(const std::string& dir) override {
     const std::string stamp = DirectoryStamp(dir);
-    if (drafter_ && dir == drafter_dir_ && stamp == drafter_stamp_) return spec_;
+    if ((drafter_ || eagle3_) && dir == drafter_dir_ && stamp == drafter_stamp_) return spec_;
     drafter_.reset();
-    SW_ASSIGN_OR_RETURN(std::string config_json,
-                        ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
-    SW_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDrafter> drafter,
-                        DFlashDrafter::Load(dir, dtype_, device_));
-    // The head is attached at the first replay: the job checks the drafter against the
-    // extractor's contract first, and a misfit must be reported as that, not as a head error.
-    head_on_drafter_ = false;
-    const DrafterConfig& c = drafter->config();
+    eagle3_.reset();
+    const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+    SW_ASSIGN_OR_RETURN(std::string config_json, ReadFileToString(config_path));
+    SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> eagle3, DetectEagle3(config_json, config_path));
     DrafterSpec s;
     s.path = dir;
     s.config_json = std::move(config_json);
-    s.block_size = c.block_size;
-    s.num_layers = c.layers.num_layers;
-    s.hidden_size = c.layers.hidden_size;
-    s.target_hidden_size = c.target_hidden_size();
-    s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
-    s.num_target_layers = c.num_target_layers;
-    s.target_layer_ids = c.target_layer_ids;
-    s.mask_token_id = c.mask_token_id;
-    s.vocab_size = c.layers.vocab_size;
     s.dtype = ScalarTypeName(dtype_);
     s.device = device_.str();
-    drafter_ = std::move(drafter);
+    if (eagle3) {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Drafter> drafter,
+                          Eagle3Drafter::Load(dir, dtype_, device_));
+      const Eagle3Config& c = drafter->config();
+      s.method = "eagle3";
+      s.format = Eagle3FormatName(c.format);
+      s.last_layer_is_final_norm = false;
+      s.block_size = c.drafts() + 1;  // speculators' speculative_tokens, else the default
+      s.num_layers = c.layers.num_layers;
+      s.hidden_size = c.layers.hidden_size;
+      s.target_hidden_size = c.target_hidden_size;
+      s.vocab_size = c.layers.vocab_size;
+      s.mask_token_id = 0;
+      eagle3_ = std::move(drafter);
+    } else {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDrafter> drafter,
+                          DFlashDrafter::Load(dir, dtype_, device_));
+      const DrafterConfig& c = drafter->config();
+      s.block_size = c.block_size;
+      s.num_layers = c.layers.num_layers;
+      s.hidden_size = c.layers.hidden_size;
+      s.target_hidden_size = c.target_hidden_size();
+      s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
+      s.num_target_layers = c.num_target_layers;
+      s.target_layer_ids = c.target_layer_ids;
+      s.mask_token_id = c.mask_token_id;
+      s.vocab_size = c.layers.vocab_size;
+      drafter_ = std::move(drafter);
+    }
+    // The head is attached at the first replay: the job checks the drafter against the
+    // extractor's contract first, and a misfit must be reported as that, not as a head error.
+    head_on_drafter_ = false;
     drafter_dir_ = dir;
     drafter_stamp_ = stamp;
     spec_ = s;
     return s;
+  }
+
+  absl::Status FitDrafterToTarget(DrafterSpec& spec, int64_t target_layers) override {
+    if (!eagle3_) return absl::OkStatus();
+    Eagle3Config& c = eagle3_->mutable_config();
+    absl::Status fit = c.ResolveTargetLayers(target_layers);
+    if (!fit.ok()) return absl::FailedPreconditionError(fit.message());
+    spec.target_layer_ids = c.target_layer_ids;
+    spec.fc_in_features =
+        static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size;
+    spec_ = spec;
+    return absl::OkStatus();
   }
 
   std::string target_head_key() const override { return head_key_; }
@@ -95,27 +128,29 @@ class TorchScorerBackend : public ScorerBackend {
   absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
                                             const std::vector<int32_t>& budgets,
                                             const std::vector<SamplingSetting>& sampling) override {
-    if (!drafter_) return absl::FailedPreconditionError("no drafter loaded");
+    if (!drafter_ && !eagle3_) return absl::FailedPreconditionError("no drafter loaded");
     if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
     if (!head_on_drafter_) {
-      SW_RETURN_IF_ERROR(drafter_->SetTargetHead(head_embed_, head_lm_));
+      SW_RETURN_IF_ERROR(drafter_ ? drafter_->SetTargetHead(head_embed_, head_lm_)
+                                  : eagle3_->SetTargetEmbedding(head_embed_));
       head_on_drafter_ = true;
     }
-    const DrafterConfig& c = drafter_->config();
-    if (t.states.size() != c.target_layer_ids.size()) {
+    const size_t layers = spec_.target_layer_ids.size();
+    const int64_t width = spec_.target_hidden_size;
+    if (layers == 0) return absl::FailedPreconditionError("the drafter's target layers are not resolved");
+    if (t.states.size() != layers) {
       return absl::InvalidArgumentError(absl::StrCat("trajectory has ", t.states.size(),
-                                                     " states, the drafter uses ",
-                                                     c.target_layer_ids.size()));
+                                                     " states, the drafter uses ", layers));
     }
     const int64_t T = static_cast<int64_t>(t.tokens.size());
     for (size_t i = 0; i < t.states.size(); ++i) {
       const FeatureState& s = t.states[i];
-      if (s.rows != T || s.hidden != c.target_hidden_size() ||
+      if (s.rows != T || s.hidden != width ||
           static_cast<int64_t>(s.bytes.size()) !=
               s.rows * s.hidden * static_cast<int64_t>(DTypeSize(s.dtype))) {
         return absl::InvalidArgumentError(absl::StrCat(
             "state of target layer ", s.layer_id, " is [", s.rows, ", ", s.hidden, "] (",
-            s.bytes.size(), " bytes), expected [", T, ", ", c.target_hidden_size(), "]"));
+            s.bytes.size(), " bytes), expected [", T, ", ", width, "]"));
       }
     }
     if (!sampling.empty()) {
@@ -143,12 +178,14 @@ class TorchScorerBackend : public ScorerBackend {
       ReplayOptions options;
       options.ddtree_budgets = budgets;
       options.max_length = t.max_length;
-      AcceptanceReplay replay(drafter_.get());
+      std::unique_ptr<BlockDrafter> block =
+          drafter_ ? MakeBlockDrafter(drafter_.get()) : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
+      if (eagle3_) options.ddtree_budgets.clear();  // DDTree reads parallel block marginals
+      AcceptanceReplay replay(block.get());
       out = replay.Run(t.tokens, features, t.prompt_len, options);
       if (!sampling.empty()) {
         const FeatureState& f = *t.final_norm;
         at::Tensor normed = Borrow(f.bytes, {f.rows, f.hidden}, f.dtype).to(device_, dtype_);
-        std::unique_ptr<BlockDrafter> block = MakeBlockDrafter(drafter_.get());
         out.sampled = TeacherForcedAcceptance(block.get(), t.tokens, features, t.prompt_len,
                                               t.max_length, out.step_lengths, normed, head_lm_,
                                               sampling);
@@ -168,7 +205,8 @@ class TorchScorerBackend : public ScorerBackend {
 
   at::ScalarType dtype_;
   at::Device device_;
-  std::unique_ptr<DFlashDrafter> drafter_;
+  std::unique_ptr<DFlashDrafter> drafter_;  // one of the two is the current drafter
+  std::unique_ptr<Eagle3Drafter> eagle3_;
   std::string drafter_dir_;
   std::string drafter_stamp_;
   DrafterSpec spec_;

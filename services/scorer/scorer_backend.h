@@ -21,6 +21,14 @@ namespace specwire {
 struct DrafterSpec {
   std::string path;
   std::string config_json;  // config.json as read (for reports)
+  // The family ("dflash" | "eagle3": the metrics' and reports' method label unless the job
+  // names one) and the checkpoint format it was read in ("z-lab", "speculators", "specforge").
+  std::string method = "dflash";
+  std::string format = "z-lab";
+  // What target layer id L − 1 stands for: the final-norm output (DFlash reads HF
+  // hidden_states[L]) or the last layer's output before the norm (EAGLE-3's auxiliary states, as
+  // vLLM and SGLang capture them).
+  bool last_layer_is_final_norm = true;
   int32_t block_size = 0;
   int64_t num_layers = 0;          // the drafter's own layers
   int64_t hidden_size = 0;         // the drafter's own hidden size
@@ -81,12 +89,21 @@ class ScorerBackend {
   // Loads (or keeps, when the directory has not changed) the drafter in `dir` and makes it the
   // current one. NOT_FOUND / INVALID_ARGUMENT from the checkpoint, naming the file and key.
   virtual absl::StatusOr<DrafterSpec> LoadDrafter(const std::string& dir) = 0;
+  // Resolves what the current drafter leaves to the target (EAGLE-3's default auxiliary layers
+  // come from the target's depth) and checks the layer ids in the drafter's own convention;
+  // FAILED_PRECONDITION naming the key. `spec` is LoadDrafter's, updated in place.
+  virtual absl::Status FitDrafterToTarget(DrafterSpec& spec, int64_t target_layers) {
+    (void)spec;
+    (void)target_layers;
+    return absl::OkStatus();
+  }
   // The key of the target head in use ("" when none).
   virtual std::string target_head_key() const = 0;
   // Copies the head (converted to the drafter's dtype and device); every drafter gets it at its
   // first Replay (INVALID_ARGUMENT there when the shapes do not fit the drafter).
   virtual absl::Status SetTargetHead(const TargetHead& head) = 0;
-  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head, and the
+  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head (an
+  // EAGLE-3 drafter: its chain replay; DDTree budgets do not apply to chains), and the
   // teacher-forced acceptance at each sampling setting (needs trajectory.final_norm).
   virtual absl::StatusOr<ResponseAcceptance> Replay(
       const Trajectory& trajectory, const std::vector<int32_t>& ddtree_budgets,

@@ -46,6 +46,9 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     v1::ScoreResponse m;
     ContractToProto(s.contract, m.mutable_contract());
     for (const std::string& e : s.extractors) m.add_extractors(e);
+    m.set_drafter_method(s.drafter.method);
+    m.set_drafter_format(s.drafter.format);
+    m.set_method_label(s.labels.method);
     r->SendMessage(std::move(m));
   };
   job->events.on_progress = [r, state, metrics](const ScoreProgress& p) {

@@ -12,10 +12,11 @@
 
 namespace specwire {
 
-RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layers) {
+RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layers,
+                              bool last_layer_is_final_norm) {
   RequestedStates s;
   for (int64_t id : ids) {
-    if (id == num_layers - 1) {
+    if (id == num_layers - 1 && last_layer_is_final_norm) {
       s.final_norm = true;
     } else if (std::find(s.layer_ids.begin(), s.layer_ids.end(), id) == s.layer_ids.end()) {
       s.layer_ids.push_back(static_cast<int32_t>(id));
@@ -26,7 +27,8 @@ RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layer
 
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
                                                const std::vector<int64_t>& ids, int64_t num_layers,
-                                               int64_t max_new_tokens, bool final_norm) {
+                                               int64_t max_new_tokens, bool final_norm,
+                                               bool last_layer_is_final_norm) {
   if (reply.completions.size() != 1) {
     return absl::InternalError(
         absl::StrCat("expected one completion, got ", reply.completions.size()));
@@ -41,7 +43,9 @@ absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
   for (ReceivedState& s : reply.states) by_name[s.state] = &s;
   std::set<std::string> moved;
   for (int64_t id : ids) {
-    const std::string name = id == num_layers - 1 ? "final_norm" : absl::StrCat("layer.", id);
+    const std::string name = id == num_layers - 1 && last_layer_is_final_norm
+                                 ? "final_norm"
+                                 : absl::StrCat("layer.", id);
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       return absl::DataLossError(
@@ -239,7 +243,8 @@ TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
       cancelled_(cancelled),
       log_(std::move(log)),
       states_([&] {
-        RequestedStates s = DrafterStates(request_.target_layer_ids, request_.num_layers);
+        RequestedStates s = DrafterStates(request_.target_layer_ids, request_.num_layers,
+                                          request_.last_layer_is_final_norm);
         if (request_.final_norm) s.final_norm = true;
         return s;
       }()) {
@@ -316,7 +321,8 @@ void TrajectoryFetcher::FetchLoop(ExtractorEndpoint* e) {
       failures_in_row = 0;
       item.finish_reason = reply->completions.empty() ? "" : reply->completions[0].finish_reason;
       item.trajectory = TrajectoryFromReply(*reply, request_.target_layer_ids, request_.num_layers,
-                                            request_.max_new_tokens, request_.final_norm);
+                                            request_.max_new_tokens, request_.final_norm,
+                                            request_.last_layer_is_final_norm);
       if (!item.trajectory.ok()) {
         item.trajectory =
             Annotate(item.trajectory.status(), absl::StrCat("prompt ", i, " (", e->address(), ")"));

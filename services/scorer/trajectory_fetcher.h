@@ -24,14 +24,17 @@ namespace specwire {
 // The decoder states a drafter needs from the extractor, and how its features are built from
 // them. dflash's extract_context_feature takes HF hidden_states[id + 1]; for id = L − 1 that is
 // the final-norm output (transformers puts the normed state there), which the extractor serves
-// as the final_norm tap — layer id L − 1 of the extractor is the raw, un-normed output.
-RequestedStates DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers);
+// as the final_norm tap — layer id L − 1 of the extractor is the raw, un-normed output. EAGLE-3
+// drafters (last_layer_is_final_norm false) read that raw output.
+RequestedStates DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers,
+                              bool last_layer_is_final_norm = true);
 // The trajectory of one Generate reply (one prompt): tokens, prompt length, and the states in
 // target_layer_ids order (moved out of `reply`); with `final_norm`, also the final-norm state.
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
                                                const std::vector<int64_t>& target_layer_ids,
                                                int64_t num_layers, int64_t max_new_tokens,
-                                               bool final_norm = false);
+                                               bool final_norm = false,
+                                               bool last_layer_is_final_norm = true);
 
 // How trajectories are fetched.
 struct TrajectoryOptions {
@@ -61,6 +64,9 @@ struct TrajectoryRequest {
   std::string request_id_prefix;          // "score-<drafter>-"
   // Also the final-norm state (Trajectory::final_norm), for the target's distributions.
   bool final_norm = false;
+  // Target layer id num_layers − 1 is the final-norm output (DFlash) or the last layer's own
+  // output (EAGLE-3).
+  bool last_layer_is_final_norm = true;
 };
 
 // Fetches a job's trajectories: one thread per extractor, at most

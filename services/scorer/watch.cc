@@ -251,7 +251,7 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
     spec.max_prompts = options_.max_prompts;
     spec.max_new_tokens = options_.max_new_tokens;
     spec.ddtree_budgets = options_.ddtree_budgets;
-    spec.labels = {c.run, set.label, "dflash"};
+    spec.labels = {c.run, set.label, ""};  // method: the drafter's family
     CheckpointResult r;
     r.run = c.run;
     r.step = c.step;

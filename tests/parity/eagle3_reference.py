@@ -4,6 +4,7 @@ with the project's, so they never share its interpreter).
 
     python eagle3_reference.py SPEC.json
     python eagle3_reference.py replay SPEC.json
+    python eagle3_reference.py paths SPEC.json
 
 SPEC: {"out": DIR, "variants": {name: {...}}, "length": L, "steps": K, "seed": S}. For each
 variant: a tiny random drafter of that family and format, saved by the package's own
@@ -20,7 +21,12 @@ embedding, lm_head rows of the draft vocabulary as speculators initialises them)
 steps on the trajectories, saved by save_pretrained, and replayed: at each step the chain of
 drafts after the context is drafted with the package's forward (a draft is fed back as the next
 lane token and the forward run again), accepted up to the first mismatch with the trajectory.
-Prints {"step_lengths": [[...] per trajectory]}."""
+Prints {"step_lengths": [[...] per trajectory]}.
+
+paths: SPEC {"drafter": DIR (speculators), "data": F (as for replay), "queries": [[i, start,
+[tokens...]], ...], "out": F}: for each query, the drafter's log-probabilities over the draft
+vocabulary after the context [0, start) of trajectory i and the drafted path `tokens` (target ids,
+fed back as the chain's tokens): out.{q} [Vd]."""
 from __future__ import annotations
 
 import copy
@@ -194,7 +200,7 @@ def replay_main(spec: dict) -> None:
     K = spec["block"] - 1
     cfg = Eagle3SpeculatorConfig(
         transformer_layer_config=tl, draft_vocab_size=Vd, eagle_aux_hidden_state_layer_ids=ids_layers,
-        norm_before_residual=True,
+        norm_before_residual=spec.get("norm_before_residual", True),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3", default_proposal_method="greedy",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
@@ -274,7 +280,41 @@ def replay_main(spec: dict) -> None:
     print(json.dumps({"step_lengths": lengths, "draft_vocab": Vd}))
 
 
+def paths_main(spec: dict) -> None:
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    cfg = Eagle3SpeculatorConfig.from_pretrained(spec["drafter"])
+    cfg.transformer_layer_config._attn_implementation = "eager"
+    m = Eagle3DraftModel(cfg).eval()
+    m.load_state_dict(load_file(str(Path(spec["drafter"]) / "model.safetensors")), strict=False)
+    data = load_file(spec["data"])
+    out = {}
+    for q, (i, start, path) in enumerate(spec["queries"]):
+        aux, traj = data[f"aux.{i}"].float(), data[f"traj.{i}"].tolist()
+        t, L = start - 1, start + len(path) + 1
+        feats = torch.zeros(1, L, aux.shape[1])
+        feats[0, :start] = aux[:start]
+        ids = torch.zeros(1, L, dtype=torch.long)
+        ids[0, :start] = torch.tensor(traj[1:start + 1])
+        for k, tok in enumerate(path):
+            ids[0, t + k + 1] = tok
+        captured = []
+        hook = m.lm_head.register_forward_hook(lambda mod, a, o: captured.append(o))
+        with torch.no_grad():
+            m(hidden_states=feats, input_ids=ids,
+              document_ids=torch.zeros(1, L, dtype=torch.long), ttt_steps=len(path) + 1)
+        hook.remove()
+        out[f"out.{q}"] = torch.log_softmax(captured[len(path)][0, t].float(), -1).contiguous()
+    save_file(out, spec["out"])
+
+
 def main() -> None:
+    if sys.argv[1] == "paths":
+        torch.set_num_threads(1)
+        paths_main(json.loads(Path(sys.argv[2]).read_text()))
+        return
     if sys.argv[1] == "replay":
         torch.set_num_threads(1)
         replay_main(json.loads(Path(sys.argv[2]).read_text()))

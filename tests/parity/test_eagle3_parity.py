@@ -374,7 +374,8 @@ def replayed(tmp_path_factory):
                              "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--block", str(block),
                              "--ignore_model_eos", "--threads=1"])
         results[block] = (ref, ours)
-    return {"trajectories": trajs, "results": results}
+    return {"trajectories": trajs, "results": results, "root": root, "target": target_dir,
+            "prompts": prompts}
 
 
 def test_chain_replay_equals_the_reference_replay(replayed):
@@ -390,3 +391,113 @@ def test_chain_replay_equals_the_reference_replay(replayed):
         assert ours["format"] == "speculators" and ours["target_layer_ids"] == [0, 1, 2]
         print(f"block {block}: tau {ours['summary']['tau_mean_of_means']:.3f} over "
               f"{len(flat)} steps, draft vocabulary {ref['draft_vocab']}")
+
+
+# --- 4. EAGLE's top-k tree -----------------------------------------------------------------------
+
+TREES = [(4, 3, 10), (3, 5, 40), (5, 2, 6)]  # depth, top_k, total_tokens
+
+
+def transcribed_tree(tree: dict, depth: int, top_k: int, total: int, truth: list[int]) -> int:
+    """EAGLE-2's dynamic tree (eagle/model/cnets.py topK_genrate), transcribed: the frontier of
+    each level is the top_k nodes of the level by cumulative score, each expands into its top_k
+    children; the tree keeps the `total` best nodes; greedy verification walks kept nodes along
+    the trajectory. Children and scores are the ones the C++ tree computed (checked against the
+    reference model separately)."""
+    tok, par, lev, sc = tree["token"], tree["parent"], tree["level"], tree["score"]
+    n = len(tok)
+    children = {}
+    for j in range(n):
+        children.setdefault(par[j], []).append(j)
+    levels = max(lev)
+    frontier = [j for j in range(n) if lev[j] == 1]
+    assert len(frontier) == min(top_k, len(frontier))
+    for level in range(2, levels + 1):
+        cands = [c for f in frontier for c in children.get(f, [])]
+        # every frontier node expanded into top_k children, in frontier order
+        assert [par[c] for c in cands] == [f for f in frontier for _ in range(top_k)], level
+        expanded = [j for j in range(n) if lev[j] == level - 1 and j in children]
+        assert sorted(expanded) == sorted(frontier), level
+        scores = torch.tensor([sc[c] for c in cands], dtype=torch.float32)
+        best = torch.topk(scores, min(top_k, len(cands))).indices.tolist()
+        frontier = [cands[b] for b in best]
+    kept = set(torch.topk(torch.tensor(sc, dtype=torch.float32), min(total, n)).indices.tolist())
+    assert kept == {j for j in range(n) if tree["kept"][j]}
+    at, a = -1, 0
+    while a < len(truth):
+        nxt = [c for c in children.get(at, []) if c in kept and tok[c] == truth[a]]
+        if not nxt:
+            break
+        at, a = nxt[0], a + 1
+    return a
+
+
+@pytest.mark.parametrize("depth,top_k,total", TREES)
+def test_eagle_tree_replay(replayed, depth, top_k, total):
+    root, target = replayed["root"], replayed["target"]
+    drafter = root / "drafter4"
+    dump = root / f"trees-{depth}-{top_k}-{total}.json"
+    ours = F.run_replay(["eagle3-replay", "--drafter", str(drafter), "--target_checkpoint",
+                         str(target), "--tokens_file", str(root / "prompts.json"),
+                         "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--ignore_model_eos",
+                         "--threads=1", "--tree", f"{depth},{top_k},{total}",
+                         "--tree_dump", str(dump)])
+    trees = json.loads(dump.read_text())
+    steps = [(i, s) for i, r in enumerate(ours["responses"]) for s in r["step_lengths"]]
+    assert len(trees) == len(steps)
+    # 1. The algorithm: each step's accepted length from the transcription, on its own tree.
+    queries, checked = [], []
+    k = 0
+    for i, traj in enumerate(replayed["trajectories"]):
+        start = REPLAY_PROMPT_LEN
+        for produced in ours["responses"][i]["step_lengths"]:
+            tree = trees[k]
+            k += 1
+            levels = min(depth + 1, REPLAY_PROMPT_LEN + REPLAY_NEW_TOKENS - start) - 1
+            assert max(tree["level"]) == levels
+            truth = [traj[start + j] if start + j < len(traj) else -1
+                     for j in range(1, levels + 1)]
+            a = transcribed_tree(tree, depth, top_k, total, truth)
+            assert produced == min(a + 1, len(traj) - 1 - start), (i, start)
+            # 2. Every expanded node's children, against the reference model along its path
+            # (first and every fifth step of each response: the reference is slow).
+            if len(checked) < 40 and (start == REPLAY_PROMPT_LEN or k % 5 == 0):
+                queries.append([i, start, []])  # the root's children: the first level
+                checked.append((tree, -1))
+                for j in range(len(tree["token"])):
+                    if not any(p == j for p in tree["parent"]):
+                        continue
+                    path, p = [], j
+                    while p >= 0:
+                        path.append(tree["token"][p])
+                        p = tree["parent"][p]
+                    queries.append([i, start, path[::-1]])
+                    checked.append((tree, j))
+            start += produced
+    spec = root / "paths.json"
+    spec.write_text(json.dumps({"drafter": str(drafter), "data": str(root / "data.safetensors"),
+                                "queries": queries, "out": str(root / "paths.safetensors")}))
+    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / "eagle3_reference.py"),
+                        "paths", str(spec)], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    logp = load_file(str(root / "paths.safetensors"))
+    cfg = json.loads((drafter / "config.json").read_text())
+    t = load_file(str(drafter / "model.safetensors"))
+    chosen = (torch.arange(cfg["draft_vocab_size"]) + t["d2t"]).tolist() if "d2t" in t else None
+    for q, (tree, j) in enumerate(checked):
+        lp = logp[f"out.{q}"]
+        kids = [c for c in range(len(tree["token"])) if tree["parent"][c] == j]
+        base = tree["score"][j] if j >= 0 else 0.0
+        ref_top = torch.topk(lp, len(kids))
+        ref_tokens = [chosen[d] if chosen else d for d in ref_top.indices.tolist()]
+        got_tokens = [tree["token"][c] for c in kids]
+        got_scores = torch.tensor([tree["score"][c] - base for c in kids])
+        assert torch.allclose(got_scores, ref_top.values, atol=2e-5), (q, got_scores, ref_top)
+        if got_tokens != ref_tokens:  # only a near-tie may order children differently
+            assert (ref_top.values[:-1] - ref_top.values[1:]).min() < 2e-5, (q, got_tokens,
+                                                                            ref_tokens)
+    flat = [s for _, s in steps]
+    print(f"tree {depth},{top_k},{total}: tau {sum(flat) / len(flat):.3f} over {len(flat)} "
+          f"steps; {len(checked)} nodes checked against the reference")
+    assert max(flat) >= 3
