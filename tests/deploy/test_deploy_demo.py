@@ -107,3 +107,27 @@ def test_every_server_stopped(demo):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_drafter_families_side_by_side(demo):
+    """The committed EAGLE-3 drafter (speculators format) scored beside the DFlash one: its
+    report carries the eagle3 method label, and the comparison table matches both reports."""
+    text, out = demo["stdout"], demo["out"]
+    reports = {"tiny-qwen3-dflash": demo["report"],
+               "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text())}
+    e3 = reports["tiny-qwen3-eagle3"]
+    assert e3["labels"] == {"drafter": "tiny-qwen3-eagle3", "dataset": "heldout",
+                            "method": "eagle3"}
+    assert e3["summary"]["block_size"] == 6  # speculative_tokens 5
+    assert not e3["summary"]["ddtree_tau"]
+    for name, r in reports.items():
+        s = r["summary"]
+        m = re.search(rf"^{name}\s+(\w+)\s+([\w-]+)\s+(\d+)\s+([\d.]+)\s+\[([\d.]+), ([\d.]+)\]"
+                      rf"\s+([\d.]+)\s+(\d+)$", text, re.M)
+        assert m, name
+        assert m.group(1) == r["labels"]["method"]
+        assert int(m.group(3)) == s["block_size"] - 1
+        assert float(m.group(4)) == pytest.approx(s["tau_mean_of_means"], abs=5e-4)
+        assert int(m.group(8)) == s["steps"]
+    if "SPECWIRE_DEMO_MODELS" not in os.environ:
+        assert e3["summary"]["tau_mean_of_means"] >= 2.0, e3["summary"]
