@@ -9,6 +9,26 @@ KvCache::KvCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head
   v = at::empty({batch, kv_heads, capacity, head_dim}, opts);
 }
 
+void GrowKv(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v, size_t layers,
+            int64_t kv_heads, int64_t head_dim, int64_t keep, int64_t capacity,
+            const at::TensorOptions& options) {
+  for (size_t l = 0; l < layers; ++l) {
+    at::Tensor nk = at::empty({1, kv_heads, capacity, head_dim}, options);
+    at::Tensor nv = at::empty({1, kv_heads, capacity, head_dim}, options);
+    if (keep > 0) {
+      nk.narrow(2, 0, keep).copy_(k[l].narrow(2, 0, keep));
+      nv.narrow(2, 0, keep).copy_(v[l].narrow(2, 0, keep));
+    }
+    if (l < k.size()) {
+      k[l] = nk;
+      v[l] = nv;
+    } else {
+      k.push_back(nk);
+      v.push_back(nv);
+    }
+  }
+}
+
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                            const ForwardContext& ctx, KvCache* cache, int64_t sliding_window,
                            double scale) {

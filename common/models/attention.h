@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "common/models/decoder.h"
 
 namespace specwire {
@@ -16,6 +18,12 @@ class KvCache : public LayerCache {
           at::ScalarType dtype, const at::Device& device);
   at::Tensor k, v;
 };
+
+// Grows per-layer K/V tensors [1, kv_heads, capacity, head_dim] to `capacity` positions, keeping
+// the first `keep` (a drafter's context caches; new layers are appended up to `layers`).
+void GrowKv(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v, size_t layers,
+            int64_t kv_heads, int64_t head_dim, int64_t keep, int64_t capacity,
+            const at::TensorOptions& options);
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] for the T new positions (already normed and rotated).
 // Appends k/v to `cache` at ctx.past_len when given and attends over [0, past_len + T) with causal

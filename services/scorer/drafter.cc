@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -13,11 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
 #include "common/json_reader.h"
+#include "common/models/attention.h"
 #include "common/models/decoder.h"
 #include "common/models/rope.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/scorer/vocab_map.h"
 
 namespace specwire {
 namespace {
@@ -57,11 +60,83 @@ std::vector<int64_t> BuildTargetLayerIds(int64_t num_target_layers, int64_t num_
   return ids;
 }
 
+namespace {
+
+// speculators' DFlash (speculators_model_type "dflash"): the same body as z-lab's under another
+// config layout (speculators/models/dflash/config.py).
+absl::StatusOr<DrafterConfig> ParseSpeculatorsDFlash(const json& doc, const std::string& source) {
+  const JsonReader root(doc, source);
+  DrafterConfig d;
+  d.format = "speculators";
+  d.last_layer_is_final_norm = false;
+  d.window_from_anchor = true;
+  SW_ASSIGN_OR_RETURN(JsonReader tl, root.Object("transformer_layer_config"));
+  SW_ASSIGN_OR_RETURN(d.layers, ParseModelConfig(tl.raw().dump(),
+                                                 absl::StrCat(source, " transformer_layer_config")));
+  if (d.layers.family != ModelFamily::kQwen3) {
+    return tl.Error("model_type", absl::StrCat("is \"", d.layers.model_type,
+                                               "\"; DFlash drafters are Qwen3 layers"));
+  }
+  SW_ASSIGN_OR_RETURN(const bool use_sliding_window, tl.Bool("use_sliding_window", false));
+  const json& tj = tl.raw();
+  if (!use_sliding_window || (tj.contains("sliding_window") && tj.at("sliding_window").is_null())) {
+    d.layers.sliding_window = 0;
+  }
+  SW_ASSIGN_OR_RETURN(const int64_t block, root.Int("block_size", 8));
+  if (block < 2 || block > 4096) return root.Error("block_size", "must be in [2, 4096]");
+  d.block_size = static_cast<int32_t>(block);
+  if (!root.Has("mask_token_id")) return root.Error("mask_token_id", "is required but missing");
+  SW_ASSIGN_OR_RETURN(d.mask_token_id, root.Int("mask_token_id"));
+  if (d.mask_token_id < 0) return root.Error("mask_token_id", "must be non-negative");
+  if (!root.Has("aux_hidden_state_layer_ids")) {
+    return root.Error("aux_hidden_state_layer_ids",
+                      "is missing (speculators resolves it from the verifier when it saves; a "
+                      "checkpoint without it names no target layers)");
+  }
+  SW_ASSIGN_OR_RETURN(std::vector<int64_t> ids, root.IntList("aux_hidden_state_layer_ids"));
+  if (ids.empty()) return root.Error("aux_hidden_state_layer_ids", "must not be empty");
+  for (int64_t k : ids) {
+    if (k < 1) {
+      return root.Error("aux_hidden_state_layer_ids",
+                        absl::StrCat("holds ", k, "; HF hidden-state indices of layers start at 1 "
+                                                  "(index 0, the embedding output, is not a layer)"));
+    }
+    d.target_layer_ids.push_back(k - 1);
+  }
+  SW_ASSIGN_OR_RETURN(d.draft_vocab_size, root.Int("draft_vocab_size", 32000));
+  if (d.draft_vocab_size <= 0 || d.draft_vocab_size > d.layers.vocab_size) {
+    return root.Error("draft_vocab_size",
+                      absl::StrCat("is ", d.draft_vocab_size, "; it must be in [1, vocab_size ",
+                                   d.layers.vocab_size, "]"));
+  }
+  if (d.draft_vocab_size == d.layers.vocab_size) d.draft_vocab_size = 0;
+  SW_ASSIGN_OR_RETURN(const bool sample_from_anchor, root.Bool("sample_from_anchor", false));
+  if (sample_from_anchor) {
+    return root.Error("sample_from_anchor",
+                      "is true: slot 0 of the block predicts too, which neither the replay nor "
+                      "vLLM's DFlash verification reads");
+  }
+  SW_ASSIGN_OR_RETURN(const bool non_causal, root.Bool("sliding_window_non_causal", false));
+  if (non_causal) d.is_causal = false;  // sliding layers bidirectional; full layers always are
+  return d;
+}
+
+}  // namespace
+
 absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
                                                  const std::string& source) {
   json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  if (doc.contains("speculators_model_type")) {
+    const json& t = doc["speculators_model_type"];
+    if (!t.is_string() || t != "dflash") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": key \"speculators_model_type\" is ", t.dump(),
+          "; a DFlash drafter in speculators' format says \"dflash\""));
+    }
+    return ParseSpeculatorsDFlash(doc, source);
   }
   DrafterConfig d;
   // The drafter's own layers are Qwen3 layers, read by the target's config parser unchanged
@@ -213,7 +288,10 @@ struct DFlashDrafter::Impl {
   at::Tensor hidden_norm;                  // [H]
   at::Tensor norm;                         // [H]
   std::vector<Layer> layers;
-  at::Tensor embed_tokens, lm_head;  // the target's, [V, H]
+  at::Tensor embed_tokens, lm_head;  // the target's, [V, H] (lm_head: the drafter's own [Vd, H]
+                                     // with a draft vocabulary)
+  at::Tensor own_lm_head;            // [Vd, H] when the checkpoint has a draft vocabulary
+  at::Tensor target_index;           // [Vd] target id of each draft id
   at::Tensor mask_embedding;         // [1, H]: a view of embed_tokens[mask_token_id]
   at::Tensor inv_freq;               // [rotary_dim / 2] fp32 CPU
   double attention_scaling = 1.0;
@@ -368,6 +446,22 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
                        absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
                        missing.size() > shown ? ", ..." : ""));
     }
+    if (m.config.draft_vocab_size > 0) {
+      const int64_t Vd = m.config.draft_vocab_size;
+      const TensorView* head = m.checkpoint->Find("lm_head.weight");
+      if (head == nullptr || !IsFloat(head->dtype) ||
+          head->shape != std::vector<int64_t>{Vd, m.H()}) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir, ": draft_vocab_size ", Vd, " needs tensor \"lm_head.weight\" as a float [", Vd,
+            ", ", m.H(), "]", head == nullptr ? " (missing)" : ""));
+      }
+      m.own_lm_head = WrapView(*head).to(device, dtype).contiguous();
+      consumed.insert("lm_head.weight");
+      SW_ASSIGN_OR_RETURN(std::vector<int64_t> targets,
+                          ReadDraftVocabulary(*m.checkpoint, dir, Vd, m.config.layers.vocab_size,
+                                              consumed));
+      m.target_index = at::tensor(targets, at::kLong).to(device);
+    }
     for (const auto& [name, view] : m.checkpoint->tensors()) {
       if (consumed.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
       const bool dflash2 = name.find("attention_conv") != std::string::npos ||
@@ -411,7 +505,7 @@ absl::Status DFlashDrafter::SetTargetHead(const at::Tensor& embed_tokens,
   }
   return RunGuarded("setting the target head", [&]() -> absl::Status {
     m.embed_tokens = embed_tokens.to(m.device, m.dtype);
-    m.lm_head = lm_head.to(m.device, m.dtype);
+    m.lm_head = m.own_lm_head.defined() ? m.own_lm_head : lm_head.to(m.device, m.dtype);
     m.mask_embedding = m.embed_tokens.narrow(0, m.config.mask_token_id, 1);
     return absl::OkStatus();
   });
@@ -427,22 +521,8 @@ void DFlashDrafter::EnsureCapacity(DraftCache& cache, int64_t needed) const {
   if (needed <= cache.capacity_) return;
   const Impl& m = *impl_;
   const int64_t cap = std::max<int64_t>(needed, cache.capacity_ * 2);
-  auto opts = at::TensorOptions().dtype(m.dtype).device(m.device);
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    at::Tensor k = at::empty({1, m.Hkv(), cap, m.D()}, opts);
-    at::Tensor v = at::empty({1, m.Hkv(), cap, m.D()}, opts);
-    if (cache.length_ > 0) {
-      k.narrow(2, 0, cache.length_).copy_(cache.k_[l].narrow(2, 0, cache.length_));
-      v.narrow(2, 0, cache.length_).copy_(cache.v_[l].narrow(2, 0, cache.length_));
-    }
-    if (l < cache.k_.size()) {
-      cache.k_[l] = k;
-      cache.v_[l] = v;
-    } else {
-      cache.k_.push_back(k);
-      cache.v_.push_back(v);
-    }
-  }
+  GrowKv(cache.k_, cache.v_, m.layers.size(), m.Hkv(), m.D(), cache.length_, cap,
+         at::TensorOptions().dtype(m.dtype).device(m.device));
   cache.capacity_ = cap;
 }
 
@@ -575,12 +655,17 @@ at::Tensor DFlashDrafter::DraftHidden(const std::vector<DraftCache*>& caches,
       c.k_[l].narrow(2, start, q_len).copy_(qk.narrow(0, r, 1).narrow(1, m.Hq(), m.Hkv()));
       c.v_[l].narrow(2, start, q_len).copy_(v.narrow(0, r, 1));
       // Keys further back than the window are invisible to every query of the block.
-      const int64_t lo = layer.window > 0 ? std::max<int64_t>(0, start - layer.window + 1) : 0;
+      // speculators: the `window` context positions before the anchor, for every query.
+      const bool from_anchor = m.config.window_from_anchor && layer.window > 0;
+      const int64_t lo = layer.window > 0
+                             ? std::max<int64_t>(0, start - layer.window + (from_anchor ? 0 : 1))
+                             : 0;
       const int64_t S = start + q_len - lo;
       outs[r] = at::scaled_dot_product_attention(
           qk.narrow(0, r, 1).narrow(1, 0, m.Hq()), c.k_[l].narrow(2, lo, S),
-          c.v_[l].narrow(2, lo, S), mask_for(layer.causal, layer.window, start - lo), 0.0, false,
-          scale, /*enable_gqa=*/m.Hq() != m.Hkv());  // [1, Hq, q, D]
+          c.v_[l].narrow(2, lo, S),
+          mask_for(layer.causal, from_anchor ? 0 : layer.window, start - lo), 0.0, false, scale,
+          /*enable_gqa=*/m.Hq() != m.Hkv());  // [1, Hq, q, D]
     }
     at::Tensor attn =
         (R == 1 ? outs[0] : at::cat(outs, 0)).transpose(1, 2).reshape({R, q_len, q_out});
@@ -605,7 +690,14 @@ at::Tensor DFlashDrafter::Logits(const at::Tensor& hidden) const {
     const double cap = m.config.final_logit_softcapping;
     logits = at::tanh(logits / cap) * cap;
   }
-  return logits.to(at::kFloat);
+  logits = logits.to(at::kFloat);
+  if (!m.target_index.defined()) return logits;
+  // A draft vocabulary: target-vocabulary logits, −inf outside it (argmax, top-k and softmax
+  // then read the draft tokens only, in ascending target order as in the draft vocabulary).
+  std::vector<int64_t> shape(logits.sizes().begin(), logits.sizes().end());
+  shape.back() = m.config.layers.vocab_size;
+  return at::full(shape, -std::numeric_limits<float>::infinity(), logits.options())
+      .index_copy(-1, m.target_index, logits);
 }
 
 at::Tensor DFlashDrafter::DraftBlock(DraftCache& cache, int64_t anchor_token, int64_t start,

@@ -47,6 +47,17 @@ struct DrafterConfig {
   double input_embedding_scale = 1.0;
   double output_multiplier = 1.0;
   double final_logit_softcapping = 0.0;  // 0: none
+  // The checkpoint's format: "z-lab" (dflash_config) or "speculators" (speculators_model_type
+  // "dflash": transformer_layer_config nested, aux_hidden_state_layer_ids as HF hidden-state
+  // indices, i.e. target_layer_ids + 1; an optional draft vocabulary with its own lm_head).
+  std::string format = "z-lab";
+  int64_t draft_vocab_size = 0;  // 0: the target's vocabulary and lm_head
+  // What target layer id L − 1 stands for: HF hidden_states[L], the final-norm output (z-lab's
+  // offset of one), or the last layer's output before the norm (speculators / vLLM).
+  bool last_layer_is_final_norm = true;
+  // Sliding layers limit the context per query (z-lab: q_pos − k_pos < window) or, as
+  // speculators' mask does, to the `window` positions before the block's anchor for every query.
+  bool window_from_anchor = false;
 
   // fc input width per target layer: dflash builds fc as Linear(len(ids) × hidden, hidden), so
   // the target's hidden size must equal the drafter's.

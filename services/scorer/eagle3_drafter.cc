@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "services/scorer/replay.h"
+#include "services/scorer/vocab_map.h"
 
 namespace specwire {
 namespace {
@@ -402,35 +403,14 @@ struct Eagle3Drafter::Impl {
     return h;
   }
 
-  // Chain row k ≥ 1 after a context of `length` rows: K/V at index length + k − 1, position
-  // P(length − 1) + k; attends to the context rows (the window counted from the lane
-  // length − 1) and the chain rows 1..k.
+  // Chain row k ≥ 1 after a context of `length` rows: the tree row whose ancestors are the
+  // chain rows 1..k − 1 (slots length .. length + k − 2), at position P(length − 1) + k.
   at::Tensor ChainRow(std::vector<std::unique_ptr<KvCache>>& kv, int64_t length, int64_t k,
                       const at::Tensor& e, const at::Tensor& g) const {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D()));
-    const int64_t slot = length + k - 1;
-    const int64_t pos = length - 1 + config.position_offset + k;
-    at::Tensor h;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const Layer& l = layers[i];
-      at::Tensor x, residual;
-      if (i == 0) {
-        std::tie(x, residual) = FirstInput(l, e, g);
-      } else {
-        residual = h;
-        x = Norm(h, l.in_norm);
-      }
-      auto [q, kk, vv] = Qkv(l, x, pos);
-      kv[i]->k.narrow(2, slot, 1).copy_(kk);
-      kv[i]->v.narrow(2, slot, 1).copy_(vv);
-      const int64_t lo = l.window > 0 ? std::max<int64_t>(0, length - l.window) : 0;
-      at::Tensor keys = kv[i]->k.narrow(2, lo, slot + 1 - lo);
-      at::Tensor vals = kv[i]->v.narrow(2, lo, slot + 1 - lo);
-      at::Tensor attn = at::scaled_dot_product_attention(q, keys, vals, {}, 0.0, false, scale,
-                                                         Hq() != Hkv());
-      h = Finish(l, attn.transpose(1, 2).reshape({1, Hq() * D()}), residual);
-    }
-    return h;
+    std::vector<int64_t> ancestors;
+    for (int64_t j = 1; j < k; ++j) ancestors.push_back(length + j - 1);
+    return TreeRow(kv, length, length + k - 1, ancestors, length - 1 + config.position_offset + k,
+                   e, g);
   }
 
   // A tree node's row: K/V at `slot`; attends to the context rows (windowed as a chain) and
@@ -553,63 +533,8 @@ absl::StatusOr<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::Load(const std::st
       m.embed_tokens = m.own_embed;
       consumed.insert("embed_tokens.weight");
     }
-    // The vocabulary maps: d2t [Vd] int64 offsets (target = draft + d2t), t2d [V] bool.
-    const TensorView* d2t = m.checkpoint->Find("d2t");
-    const TensorView* t2d = m.checkpoint->Find("t2d");
-    if ((d2t == nullptr) != (t2d == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor \"", d2t ? "t2d" : "d2t",
-                                                     "\" is missing (d2t and t2d come together)"));
-    }
-    if (d2t == nullptr && Vd != V) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, ": draft_vocab_size ", Vd, " < vocab_size ", V, " but the checkpoint has no "
-          "\"d2t\" / \"t2d\" vocabulary maps"));
-    }
-    m.draft_to_target.resize(Vd);
-    for (int64_t i = 0; i < Vd; ++i) m.draft_to_target[i] = i;
-    if (d2t != nullptr) {
-      if (d2t->dtype != DType::kI64 || d2t->shape != std::vector<int64_t>{Vd}) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"d2t\" is ", DTypeName(d2t->dtype),
-                                                       " ", Shape(d2t->shape), "; expected I64 [",
-                                                       Vd, "] (draft_vocab_size)"));
-      }
-      if (t2d->dtype != DType::kBool || t2d->shape != std::vector<int64_t>{V}) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"t2d\" is ", DTypeName(t2d->dtype),
-                                                       " ", Shape(t2d->shape), "; expected BOOL [",
-                                                       V, "] (vocab_size)"));
-      }
-      const int64_t* off = reinterpret_cast<const int64_t*>(d2t->data);
-      const uint8_t* mask = reinterpret_cast<const uint8_t*>(t2d->data);
-      int64_t prev = -1;
-      for (int64_t i = 0; i < Vd; ++i) {
-        const int64_t t = i + off[i];
-        if (t < 0 || t >= V) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor \"d2t\": entry ", i, " maps draft id ", i, " to target id ", t,
-              ", outside the target vocabulary [0, ", V, ")"));
-        }
-        if (t <= prev) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor \"d2t\": draft ids ", i - 1, " and ", i, " map to target ids ", prev,
-              " and ", t, "; the draft vocabulary lists target ids in ascending order"));
-        }
-        if (!mask[t]) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensors \"d2t\" and \"t2d\" disagree: draft id ", i, " maps to target id ", t,
-              ", which t2d leaves out"));
-        }
-        m.draft_to_target[i] = t;
-        prev = t;
-      }
-      int64_t kept = 0;
-      for (int64_t t = 0; t < V; ++t) kept += mask[t] ? 1 : 0;
-      if (kept != Vd) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"t2d\" keeps ", kept,
-                                                       " target ids; draft_vocab_size is ", Vd));
-      }
-      consumed.insert("d2t");
-      consumed.insert("t2d");
-    }
+    SW_ASSIGN_OR_RETURN(m.draft_to_target,
+                        ReadDraftVocabulary(*m.checkpoint, dir, Vd, V, consumed));
     for (const auto& [name, view] : m.checkpoint->tensors()) {
       if (consumed.count(name) || name.ends_with("rotary_emb.inv_freq") ||
           name.starts_with("verifier_")) {
@@ -667,21 +592,8 @@ void Eagle3Drafter::EnsureCapacity(Eagle3Cache& cache, int64_t needed) const {
   if (needed <= cache.capacity_) return;
   const Impl& m = *impl_;
   const int64_t cap = std::max<int64_t>(needed, cache.capacity_ * 2);
-  const auto opts = at::TensorOptions().dtype(m.dtype).device(m.device);
-  for (size_t i = 0; i < m.layers.size(); ++i) {
-    at::Tensor k = at::zeros({1, m.Hkv(), cap, m.D()}, opts), v = at::zeros_like(k);
-    if (i < cache.k_.size() && cache.length_ > 0) {
-      k.narrow(2, 0, cache.length_).copy_(cache.k_[i].narrow(2, 0, cache.length_));
-      v.narrow(2, 0, cache.length_).copy_(cache.v_[i].narrow(2, 0, cache.length_));
-    }
-    if (i < cache.k_.size()) {
-      cache.k_[i] = k;
-      cache.v_[i] = v;
-    } else {
-      cache.k_.push_back(k);
-      cache.v_.push_back(v);
-    }
-  }
+  GrowKv(cache.k_, cache.v_, m.layers.size(), m.Hkv(), m.D(), cache.length_, cap,
+         at::TensorOptions().dtype(m.dtype).device(m.device));
   cache.capacity_ = cap;
 }
 

@@ -121,6 +121,26 @@ absl::StatusOr<std::vector<int64_t>> TokenList(const json& j, const std::string&
   return ids;
 }
 
+// A --cases file: safetensors whose metadata "cases" is a JSON list.
+struct CasesFile {
+  std::unique_ptr<SafetensorsFile> file;
+  json cases;
+};
+
+absl::StatusOr<CasesFile> OpenCases(const std::string& path) {
+  CasesFile c;
+  SW_ASSIGN_OR_RETURN(c.file, SafetensorsFile::Open(path));
+  auto meta = c.file->metadata().find("cases");
+  if (meta == c.file->metadata().end()) {
+    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
+  }
+  c.cases = json::parse(meta->second, nullptr, false);
+  if (c.cases.is_discarded() || !c.cases.is_array()) {
+    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a JSON list");
+  }
+  return c;
+}
+
 // The target and the drafter, wired together.
 struct Models {
   std::unique_ptr<ExtractionEngine> engine;
@@ -150,7 +170,8 @@ absl::StatusOr<Models> LoadModels() {
 absl::StatusOr<std::vector<at::Tensor>> ContextFeatures(
     ExtractionEngine& engine, const DrafterConfig& drafter,
     const std::vector<std::vector<int64_t>>& sequences, at::ScalarType dtype) {
-  const int64_t L = engine.config().num_layers;
+  // (speculators' format reads the last layer's own output there, as vLLM captures it.)
+  const int64_t L = drafter.last_layer_is_final_norm ? engine.config().num_layers : -1;
   CaptureSpec capture;
   for (int64_t id : drafter.target_layer_ids) {
     if (id == L - 1) {
@@ -320,15 +341,9 @@ absl::Status RunDraft() {
   if (cases_path.empty() || out_path.empty()) {
     return absl::InvalidArgumentError("draft needs --cases and --out");
   }
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
-  auto meta = in->metadata().find("cases");
-  if (meta == in->metadata().end()) {
-    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
-  }
-  json cases = json::parse(meta->second, nullptr, false);
-  if (cases.is_discarded() || !cases.is_array()) {
-    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a JSON list");
-  }
+  SW_ASSIGN_OR_RETURN(CasesFile opened, OpenCases(cases_path));
+  std::unique_ptr<SafetensorsFile> in = std::move(opened.file);
+  json cases = std::move(opened.cases);
   std::vector<std::pair<std::string, at::Tensor>> outputs;
   absl::Status status = RunGuarded("draft", [&]() -> absl::Status {
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -414,15 +429,10 @@ absl::Status RunFeatures() {
   SW_ASSIGN_OR_RETURN(Models m, LoadModels());
   const std::string cases_path = absl::GetFlag(FLAGS_cases);
   if (cases_path.empty()) return absl::InvalidArgumentError("features needs --cases");
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
-  auto meta = in->metadata().find("cases");
-  if (meta == in->metadata().end()) {
-    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
-  }
-  const json cases = json::parse(meta->second, nullptr, false);
-  if (cases.is_discarded() || !cases.is_array() || cases.empty()) {
-    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a non-empty JSON list");
-  }
+  SW_ASSIGN_OR_RETURN(CasesFile opened, OpenCases(cases_path));
+  std::unique_ptr<SafetensorsFile> in = std::move(opened.file);
+  const json cases = std::move(opened.cases);
+  if (cases.empty()) return absl::InvalidArgumentError("--cases: metadata \"cases\" is empty");
   const DrafterConfig& dc = m.drafter->config();
   const int64_t width = dc.target_hidden_size() * static_cast<int64_t>(dc.target_layer_ids.size());
   std::vector<std::vector<int64_t>> trajectories(cases.size());
@@ -536,15 +546,9 @@ absl::Status RunEagle3Draft() {
   if (cases_path.empty() || out_path.empty()) {
     return absl::InvalidArgumentError("eagle3-draft needs --cases and --out");
   }
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> in, SafetensorsFile::Open(cases_path));
-  auto meta = in->metadata().find("cases");
-  if (meta == in->metadata().end()) {
-    return absl::InvalidArgumentError("--cases: metadata key \"cases\" missing");
-  }
-  json cases = json::parse(meta->second, nullptr, false);
-  if (cases.is_discarded() || !cases.is_array()) {
-    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a JSON list");
-  }
+  SW_ASSIGN_OR_RETURN(CasesFile opened, OpenCases(cases_path));
+  std::unique_ptr<SafetensorsFile> in = std::move(opened.file);
+  json cases = std::move(opened.cases);
   std::vector<std::pair<std::string, at::Tensor>> outputs;
   SW_RETURN_IF_ERROR(RunGuarded("eagle3-draft", [&]() -> absl::Status {
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -659,9 +663,16 @@ absl::Status RunEagle3Replay() {
       inputs.push_back({&trajectories[i], &features[i], prompt_lens[i],
                         prompt_lens[i] + max_new_tokens});
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    results = replay.RunBatch(inputs, options);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> times;
+    for (int64_t rep = 0; rep < std::max<int64_t>(absl::GetFlag(FLAGS_reps), 1); ++rep) {
+      trees.clear();
+      const auto t0 = std::chrono::steady_clock::now();
+      results = replay.RunBatch(inputs, options);
+      times.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    seconds = times[times.size() / 2];
     return absl::OkStatus();
   }));
   SW_RETURN_IF_ERROR(ValidateAcceptance(results, static_cast<int32_t>(block)));
@@ -694,7 +705,8 @@ absl::Status RunEagle3Replay() {
   }
   out["summary"] = json::parse(AcceptanceSummaryToJson(Summarize(results, static_cast<int32_t>(block))));
   out["timing"] = {{"replay_seconds", seconds}, {"chains", steps},
-                   {"chains_per_second", seconds > 0 ? steps / seconds : 0.0}};
+                   {"chains_per_second", seconds > 0 ? steps / seconds : 0.0},
+                   {"threads", at::get_num_threads()}};
   std::cout << out.dump() << "\n";
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #include "common/checkpoint.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
+#include "nlohmann/json.hpp"
 #include "services/scorer/drafter.h"
 #include "services/scorer/eagle3_drafter.h"
 #include "services/scorer/replay.h"
@@ -42,6 +43,19 @@ at::Tensor Borrow(std::span<const std::byte> bytes, const std::vector<int64_t>& 
   return at::from_blob(p, shape, at::TensorOptions().dtype(ToScalarType(dtype)));
 }
 
+// A checkpoint that declares a speculators family specwire does not read is refused by that
+// declaration, not by whatever z-lab key it then lacks.
+absl::Status CheckKnownFamily(const std::string& config_json, const std::string& source) {
+  const nlohmann::json doc = nlohmann::json::parse(config_json, nullptr, false);
+  if (!doc.is_object() || !doc.contains("speculators_model_type")) return absl::OkStatus();
+  const nlohmann::json& t = doc["speculators_model_type"];
+  if (t.is_string() && (t == "eagle3" || t == "dflash")) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": key \"speculators_model_type\" is ", t.dump(),
+      "; the scorer reads speculators' \"eagle3\" and \"dflash\" drafters and z-lab's DFlash "
+      "drafters"));
+}
+
 class TorchScorerBackend : public ScorerBackend {
  public:
   TorchScorerBackend(at::ScalarType dtype, at::Device device) : dtype_(dtype), device_(device) {}
@@ -54,6 +68,7 @@ class TorchScorerBackend : public ScorerBackend {
     const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
     SW_ASSIGN_OR_RETURN(std::string config_json, ReadFileToString(config_path));
     SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> eagle3, DetectEagle3(config_json, config_path));
+    SW_RETURN_IF_ERROR(CheckKnownFamily(config_json, config_path));
     DrafterSpec s;
     s.path = dir;
     s.config_json = std::move(config_json);
@@ -86,6 +101,8 @@ class TorchScorerBackend : public ScorerBackend {
       s.target_layer_ids = c.target_layer_ids;
       s.mask_token_id = c.mask_token_id;
       s.vocab_size = c.layers.vocab_size;
+      s.format = c.format;
+      s.last_layer_is_final_norm = c.last_layer_is_final_norm;
       drafter_ = std::move(drafter);
     }
     // The head is attached at the first replay: the job checks the drafter against the

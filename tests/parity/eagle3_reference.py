@@ -33,6 +33,7 @@ import copy
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -240,8 +241,21 @@ def replay_main(spec: dict) -> None:
     out = Path(spec["out"])
     m.save_pretrained(out)
 
+    chosen_ids = chosen.tolist() if Vd != V else None
+    lengths, _ = chain_replay(m, trajs, aux, chosen_ids, [spec["prompt_len"]] * n,
+                              spec["max_new_tokens"], spec["block"])
+    print(json.dumps({"step_lengths": lengths, "draft_vocab": Vd}))
+
+
+def chain_replay(m, trajs, aux, chosen, prompt_lens, max_new_tokens, block):
+    """The greedy chain replay on the package's forward: at each step the drafts after the
+    context [0, start) come one at a time (each draft is fed back as the lane's next token and
+    the forward runs again: the package has no cached drafting loop), accepted up to the first
+    mismatch. Returns (step lengths per trajectory, seconds spent in the drafter)."""
+    drafting = 0.0
+
     def chain(i: int, start: int, drafts: int) -> list[int]:
-        """The package's forward drafting `drafts` tokens after the context [0, start)."""
+        nonlocal drafting
         t = start - 1
         L = start + drafts  # lanes past t only hold the drafts fed back
         feats = torch.zeros(1, L, aux[i].shape[1])
@@ -252,23 +266,26 @@ def replay_main(spec: dict) -> None:
         for k in range(drafts):
             captured = []
             hook = m.lm_head.register_forward_hook(lambda mod, a, o: captured.append(o))
+            t0 = time.perf_counter()
             with torch.no_grad():
                 m(hidden_states=feats, input_ids=ids,
                   document_ids=torch.zeros(1, L, dtype=torch.long), ttt_steps=k + 1)
-            hook.remove()
             d = int(captured[k][0, t].argmax())
-            y = int(chosen[d]) if Vd != V else d
+            drafting += time.perf_counter() - t0
+            hook.remove()
+            y = chosen[d] if chosen is not None else d
             out_tokens.append(y)
             if t + k + 1 < L:
                 ids[0, t + k + 1] = y
         return out_tokens
 
-    P, max_length = spec["prompt_len"], spec["prompt_len"] + spec["max_new_tokens"]
     lengths = []
     for i, traj in enumerate(trajs):
+        P = prompt_lens[i]
+        max_length = P + max_new_tokens
         T, start, steps = len(traj), P, []
         while start + 1 < T:
-            drafts = min(spec["block"], max_length - start) - 1
+            drafts = min(block, max_length - start) - 1
             got = chain(i, start, drafts) if drafts > 0 else []
             a = 0
             while a < len(got) and start + a + 1 < T and got[a] == traj[start + a + 1]:
@@ -277,18 +294,49 @@ def replay_main(spec: dict) -> None:
             steps.append(produced)
             start += produced
         lengths.append(steps)
-    print(json.dumps({"step_lengths": lengths, "draft_vocab": Vd}))
+    return lengths, drafting
 
 
-def paths_main(spec: dict) -> None:
+def load_speculators(drafter: str):
+    """An Eagle3DraftModel from a speculators checkpoint (from_pretrained needs the verifier's
+    own files; the weights are all in the checkpoint), in fp32 and eval mode."""
     from safetensors.torch import load_file
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.models.eagle3.core import Eagle3DraftModel
 
-    cfg = Eagle3SpeculatorConfig.from_pretrained(spec["drafter"])
+    cfg = Eagle3SpeculatorConfig.from_pretrained(drafter)
     cfg.transformer_layer_config._attn_implementation = "eager"
     m = Eagle3DraftModel(cfg).eval()
-    m.load_state_dict(load_file(str(Path(spec["drafter"]) / "model.safetensors")), strict=False)
+    weights = {k: (v.float() if v.is_floating_point() else v)
+               for k, v in load_file(str(Path(drafter) / "model.safetensors")).items()}
+    m.load_state_dict(weights, strict=False)
+    return m.float(), weights
+
+
+def time_main(spec: dict) -> None:
+    """time: SPEC {"drafter", "data" (traj.{i}, aux.{i}, prompt_len.{i}), "max_new_tokens",
+    "block"}: the chain replay of an existing speculators drafter, with its drafting time."""
+    from safetensors.torch import load_file
+
+    m, weights = load_speculators(spec["drafter"])
+    data = load_file(spec["data"])
+    n = len([k for k in data if k.startswith("traj.")])
+    trajs = [data[f"traj.{i}"].tolist() for i in range(n)]
+    aux = [data[f"aux.{i}"].float() for i in range(n)]
+    lens = [int(data[f"prompt_len.{i}"]) for i in range(n)]
+    chosen = None
+    if "d2t" in weights:
+        chosen = (torch.arange(len(weights["d2t"])) + weights["d2t"]).tolist()
+    lengths, seconds = chain_replay(m, trajs, aux, chosen, lens, spec["max_new_tokens"],
+                                    spec["block"])
+    print(json.dumps({"step_lengths": lengths, "drafting_seconds": seconds,
+                      "threads": torch.get_num_threads()}))
+
+
+def paths_main(spec: dict) -> None:
+    from safetensors.torch import load_file
+
+    m, _ = load_speculators(spec["drafter"])
     data = load_file(spec["data"])
     out = {}
     for q, (i, start, path) in enumerate(spec["queries"]):
@@ -311,6 +359,10 @@ def paths_main(spec: dict) -> None:
 
 
 def main() -> None:
+    if sys.argv[1] == "time":
+        torch.set_num_threads(int(os.environ.get("SPECWIRE_BENCH_THREADS", "1")))
+        time_main(json.loads(Path(sys.argv[2]).read_text()))
+        return
     if sys.argv[1] == "paths":
         torch.set_num_threads(1)
         paths_main(json.loads(Path(sys.argv[2]).read_text()))
