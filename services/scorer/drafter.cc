@@ -62,6 +62,27 @@ std::vector<int64_t> BuildTargetLayerIds(int64_t num_target_layers, int64_t num_
 
 namespace {
 
+absl::Status CheckDFlash2Config(const DrafterConfig& d, const JsonReader& where) {
+  if (!d.dflash2) return absl::OkStatus();
+  const int64_t h = d.layers.hidden_size;
+  if (d.conv_kernel_size < 1 || d.conv_kernel_size > d.block_size) {
+    return where.Error("conv_kernel_size", absl::StrCat("is ", d.conv_kernel_size,
+                                                        "; it must be in [1, block_size ",
+                                                        d.block_size, "]"));
+  }
+  if (d.conv_group_size < 1 || h % d.conv_group_size != 0) {
+    return where.Error("conv_group_size", absl::StrCat("is ", d.conv_group_size,
+                                                       "; it must divide hidden_size ", h));
+  }
+  if (d.selector_rank < 1) return where.Error("selector_rank", "must be positive");
+  if (d.selector_top_k < 1 || d.selector_top_k > d.layers.vocab_size) {
+    return where.Error("selector_top_k", absl::StrCat("is ", d.selector_top_k,
+                                                      "; it must be in [1, vocab_size ",
+                                                      d.layers.vocab_size, "]"));
+  }
+  return absl::OkStatus();
+}
+
 // speculators' DFlash (speculators_model_type "dflash"): the same body as z-lab's under another
 // config layout (speculators/models/dflash/config.py).
 absl::StatusOr<DrafterConfig> ParseSpeculatorsDFlash(const json& doc, const std::string& source) {
@@ -116,8 +137,25 @@ absl::StatusOr<DrafterConfig> ParseSpeculatorsDFlash(const json& doc, const std:
                       "is true: slot 0 of the block predicts too, which neither the replay nor "
                       "vLLM's DFlash verification reads");
   }
-  SW_ASSIGN_OR_RETURN(const bool non_causal, root.Bool("sliding_window_non_causal", false));
+  d.dflash2 = doc["speculators_model_type"] == "dflash2";
+  // DFlash2 trains sliding layers bidirectional unless the checkpoint says otherwise.
+  SW_ASSIGN_OR_RETURN(const bool non_causal,
+                      root.Bool("sliding_window_non_causal", d.dflash2));
   if (non_causal) d.is_causal = false;  // sliding layers bidirectional; full layers always are
+  if (d.dflash2) {
+    if (d.draft_vocab_size != 0) {
+      return root.Error("draft_vocab_size", "must equal vocab_size for DFlash2 (its selector "
+                                            "scores the whole vocabulary)");
+    }
+    for (const auto& [key, out, dflt] :
+         {std::tuple<const char*, int64_t*, int64_t>{"conv_kernel_size", &d.conv_kernel_size, 2},
+          {"conv_group_size", &d.conv_group_size, 16},
+          {"selector_rank", &d.selector_rank, 256},
+          {"selector_top_k", &d.selector_top_k, 16}}) {
+      SW_ASSIGN_OR_RETURN(*out, root.Int(key, dflt));
+    }
+  }
+  SW_RETURN_IF_ERROR(CheckDFlash2Config(d, root));
   return d;
 }
 
@@ -131,10 +169,10 @@ absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
   }
   if (doc.contains("speculators_model_type")) {
     const json& t = doc["speculators_model_type"];
-    if (!t.is_string() || t != "dflash") {
+    if (!t.is_string() || (t != "dflash" && t != "dflash2")) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": key \"speculators_model_type\" is ", t.dump(),
-          "; a DFlash drafter in speculators' format says \"dflash\""));
+          "; a DFlash drafter in speculators' format says \"dflash\" or \"dflash2\""));
     }
     return ParseSpeculatorsDFlash(doc, source);
   }
@@ -232,6 +270,23 @@ absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
     SW_ASSIGN_OR_RETURN(*out, DraftScope(root, dflash, name).Double(name, dflt));
   }
   if (d.final_logit_softcapping < 0) d.final_logit_softcapping = 0;
+  if (doc.contains("architectures") && doc["architectures"].is_array()) {
+    for (const json& a : doc["architectures"]) d.dflash2 |= a.is_string() && a == "DFlash2DraftModel";
+  }
+  if (d.dflash2) {
+    for (const auto& [key, out] :
+         {std::pair<const char*, int64_t*>{"conv_kernel_size", &d.conv_kernel_size},
+          {"conv_group_size", &d.conv_group_size},
+          {"selector_rank", &d.selector_rank},
+          {"selector_top_k", &d.selector_top_k}}) {
+      const JsonReader scope = DraftScope(root, dflash, key);
+      if (!scope.Has(key)) {
+        return scope.Error(key, "is required for a DFlash2DraftModel but missing");
+      }
+      SW_ASSIGN_OR_RETURN(*out, scope.Int(key));
+    }
+    SW_RETURN_IF_ERROR(CheckDFlash2Config(d, root));
+  }
   return d;
 }
 
@@ -273,6 +328,9 @@ struct DFlashDrafter::Impl {
     at::Tensor o_w, o_b;    // [H, Hq D]
     at::Tensor qk_norm;     // [Hq + Hkv, D]: q_norm per query head, then k_norm per kv head
     at::Tensor gate_up_w;   // [2 I, H]: rows [gate | up]
+    // DFlash2's convolutions: base kernels [2, K, H] (input side, output side) and the dynamic
+    // coefficients' projection [2 K G, H], for the attention and the MLP sublayer.
+    at::Tensor attn_base, attn_kp, mlp_base, mlp_kp;
     at::Tensor down_w;      // [H, I]
     // Loading slots (released after fusion).
     at::Tensor q_w, k_w, v_w, q_b, k_b, v_b, gate_w, up_w;
@@ -294,6 +352,7 @@ struct DFlashDrafter::Impl {
   at::Tensor target_index;           // [Vd] target id of each draft id
   at::Tensor mask_embedding;         // [1, H]: a view of embed_tokens[mask_token_id]
   at::Tensor inv_freq;               // [rotary_dim / 2] fp32 CPU
+  at::Tensor sel_proj, sel_pred, sel_succ;  // DFlash2's selector: [r, H], [V, r], [V, r]
   double attention_scaling = 1.0;
 
   int64_t H() const { return config.layers.hidden_size; }
@@ -330,7 +389,46 @@ struct DFlashDrafter::Impl {
       visit({p + "mlp.gate_proj.weight", {I(), h}, &l.gate_w});
       visit({p + "mlp.up_proj.weight", {I(), h}, &l.up_w});
       visit({p + "mlp.down_proj.weight", {h, I()}, &l.down_w});
+      if (config.dflash2) {
+        const int64_t K = config.conv_kernel_size, G = h / config.conv_group_size;
+        visit({p + "attention_conv.base_kernel", {2, K, h}, &l.attn_base});
+        visit({p + "attention_conv.kernel_projection.weight", {2 * K * G, h}, &l.attn_kp});
+        visit({p + "mlp_conv.base_kernel", {2, K, h}, &l.mlp_base});
+        visit({p + "mlp_conv.kernel_projection.weight", {2 * K * G, h}, &l.mlp_kp});
+      }
     }
+    if (config.dflash2) {
+      const int64_t r = config.selector_rank, V = config.layers.vocab_size;
+      visit({"candidate_selector.hidden_projection.weight", {r, h}, &sel_proj});
+      // Saved without ".weight" (speculators, z-lab's published checkpoints) or with it.
+      for (const auto& [name, slot] : {std::pair<const char*, at::Tensor*>{"predecessor_codebook", &sel_pred},
+                                       {"successor_codebook", &sel_succ}}) {
+        const std::string bare = absl::StrCat("candidate_selector.", name);
+        const bool suffixed = checkpoint && checkpoint->Find(bare) == nullptr &&
+                              checkpoint->Find(bare + ".weight") != nullptr;
+        visit({suffixed ? bare + ".weight" : bare, {V, r}, slot});
+      }
+    }
+  }
+
+  // DFlash2's grouped dynamic causal convolution over the block (dflash's
+  // _grouped_dynamic_convolve): x [R, q, H], delta [R, q, K, G], base [K, H]; tap τ reads the
+  // position τ before (zero before the block's start).
+  at::Tensor DynamicConv(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& base) const {
+    const int64_t R = x.size(0), q = x.size(1), h = x.size(2);
+    const int64_t gs = config.conv_group_size, G = h / gs;
+    at::Tensor blocks = x.view({R, q, G, gs});
+    at::Tensor out = at::zeros_like(blocks);
+    for (int64_t tau = 0; tau < base.size(0); ++tau) {
+      at::Tensor values = blocks;
+      if (tau > 0) {
+        values = at::zeros_like(blocks);
+        if (tau < q) values.narrow(1, tau, q - tau).copy_(blocks.narrow(1, 0, q - tau));
+      }
+      out = out + base[tau].view({1, 1, G, gs}) * values;
+      out = at::addcmul(out, delta.select(2, tau).unsqueeze(-1), values);
+    }
+    return out.view_as(x);
   }
 
   void Prepare() {
@@ -340,6 +438,9 @@ struct DFlashDrafter::Impl {
     to_dev(fc_w);
     to_dev(hidden_norm);
     to_dev(norm);
+    to_dev(sel_proj);
+    to_dev(sel_pred);
+    to_dev(sel_succ);
     const int64_t q_out = Hq() * D(), kv_out = Hkv() * D();
     for (Layer& l : layers) {
       l.qkv_w = at::cat({l.q_w, l.k_w, l.v_w}, 0).to(device, dtype).contiguous();
@@ -350,8 +451,8 @@ struct DFlashDrafter::Impl {
       }
       l.gate_up_w = at::cat({l.gate_w, l.up_w}, 0).to(device, dtype).contiguous();
       l.q_w = l.k_w = l.v_w = l.q_b = l.k_b = l.v_b = l.gate_w = l.up_w = at::Tensor();
-      for (at::Tensor* t :
-           {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm, &l.o_w, &l.o_b, &l.down_w}) {
+      for (at::Tensor* t : {&l.input_norm, &l.post_norm, &l.q_norm, &l.k_norm, &l.o_w, &l.o_b,
+                            &l.down_w, &l.attn_base, &l.attn_kp, &l.mlp_base, &l.mlp_kp}) {
         to_dev(*t);
       }
       // One norm + rotation pass over the query and key heads of the block (elementwise, so
@@ -464,13 +565,15 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
     }
     for (const auto& [name, view] : m.checkpoint->tensors()) {
       if (consumed.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
-      const bool dflash2 = name.find("attention_conv") != std::string::npos ||
-                           name.find("mlp_conv") != std::string::npos ||
-                           name.starts_with("candidate_selector.");
+      const bool dflash2 = !m.config.dflash2 &&
+                           (name.find("attention_conv") != std::string::npos ||
+                            name.find("mlp_conv") != std::string::npos ||
+                            name.starts_with("candidate_selector."));
       return absl::InvalidArgumentError(absl::StrCat(
           "unexpected tensor \"", name, "\" in drafter ", dir,
           dflash2
-              ? ": DFlash2 drafters (dynamic convolutions, candidate selector) are not supported"
+              ? ": DFlash2 weights in a checkpoint that does not declare DFlash2 (architectures "
+                "[\"DFlash2DraftModel\"] or speculators_model_type \"dflash2\")"
               : ": a DFlash drafter has no such weight"));
     }
     m.Prepare();
@@ -638,6 +741,13 @@ at::Tensor DFlashDrafter::DraftHidden(const std::vector<DraftCache*>& caches,
     const Impl::Layer& layer = m.layers[l];
     // --- attention: queries from the block, keys/values from [context ; block] ---
     at::Tensor n = RmsNorm(x, layer.input_norm, m.eps(), NormKind::kPlain);  // [R, q, H]
+    at::Tensor attn_delta;  // DFlash2: the output side's dynamic coefficients
+    if (m.config.dflash2) {
+      const int64_t K = m.config.conv_kernel_size, G = m.H() / m.config.conv_group_size;
+      at::Tensor delta = at::linear(n, layer.attn_kp).view({R, q_len, 2, K, G});
+      n = m.DynamicConv(n, delta.select(2, 0), layer.attn_base[0]);
+      attn_delta = delta.select(2, 1);
+    }
     at::Tensor qkv = at::linear(n, layer.qkv_w, layer.qkv_b);                // [R, q, (Hq+2Hkv) D]
     at::Tensor qk = RotaryEmbedding::Apply(
         RmsNorm(qkv.narrow(-1, 0, q_out + kv_out).view({R, q_len, m.Hq() + m.Hkv(), m.D()}),
@@ -669,13 +779,24 @@ at::Tensor DFlashDrafter::DraftHidden(const std::vector<DraftCache*>& caches,
     }
     at::Tensor attn =
         (R == 1 ? outs[0] : at::cat(outs, 0)).transpose(1, 2).reshape({R, q_len, q_out});
-    at::Tensor h = x + at::linear(attn, layer.o_w, layer.o_b);
+    at::Tensor o = at::linear(attn, layer.o_w, layer.o_b);
+    if (m.config.dflash2) o = m.DynamicConv(o, attn_delta, layer.attn_base[1]);
+    at::Tensor h = x + o;
 
     // --- MLP (SwiGLU) ---
     at::Tensor mm = RmsNorm(h, layer.post_norm, m.eps(), NormKind::kPlain);
+    at::Tensor mlp_delta;
+    if (m.config.dflash2) {
+      const int64_t K = m.config.conv_kernel_size, G = m.H() / m.config.conv_group_size;
+      at::Tensor delta = at::linear(mm, layer.mlp_kp).view({R, q_len, 2, K, G});
+      mm = m.DynamicConv(mm, delta.select(2, 0), layer.mlp_base[0]);
+      mlp_delta = delta.select(2, 1);
+    }
     at::Tensor gu = at::linear(mm, layer.gate_up_w);  // [R, q, 2 I]
     at::Tensor act = at::silu(gu.narrow(-1, 0, m.I())) * gu.narrow(-1, m.I(), m.I());
-    h.add_(at::linear(act, layer.down_w));
+    at::Tensor down = at::linear(act, layer.down_w);
+    if (m.config.dflash2) down = m.DynamicConv(down, mlp_delta, layer.mlp_base[1]);
+    h.add_(down);
     x = h;
   }
   return RmsNorm(x, m.norm, m.eps(), NormKind::kPlain);  // [R, q, H]
@@ -698,6 +819,26 @@ at::Tensor DFlashDrafter::Logits(const at::Tensor& hidden) const {
   shape.back() = m.config.layers.vocab_size;
   return at::full(shape, -std::numeric_limits<float>::infinity(), logits.options())
       .index_copy(-1, m.target_index, logits);
+}
+
+std::vector<int64_t> DFlashDrafter::SelectPath(const at::Tensor& hidden, const at::Tensor& logits,
+                                               int64_t anchor) const {
+  const Impl& m = *impl_;
+  TORCH_CHECK(m.config.dflash2, "SelectPath: not a DFlash2 drafter");
+  c10::InferenceMode guard;
+  auto [unary, cand] = at::topk(logits.to(m.dtype), m.config.selector_top_k, -1, true,
+                                /*sorted=*/false);
+  at::Tensor proj = at::linear(hidden.to(m.dtype), m.sel_proj);  // [n, r]
+  std::vector<int64_t> path;
+  int64_t pred = anchor;
+  for (int64_t t = 0; t < hidden.size(0); ++t) {
+    at::Tensor context = m.sel_pred[pred] * proj[t];                            // [r]
+    at::Tensor succ = m.sel_succ.index_select(0, cand[t]);                      // [k, r]
+    at::Tensor scores = unary[t] + (succ * context.unsqueeze(0)).sum(-1);       // [k]
+    pred = cand[t][scores.argmax().item<int64_t>()].item<int64_t>();
+    path.push_back(pred);
+  }
+  return path;
 }
 
 at::Tensor DFlashDrafter::DraftBlock(DraftCache& cache, int64_t anchor_token, int64_t start,

@@ -58,6 +58,17 @@ struct DrafterConfig {
   // Sliding layers limit the context per query (z-lab: q_pos − k_pos < window) or, as
   // speculators' mask does, to the `window` positions before the block's anchor for every query.
   bool window_from_anchor = false;
+  // DFlash2 (z-lab's DFlash2DraftModel; speculators' "dflash2"): around every attention and MLP
+  // sublayer a grouped dynamic causal convolution over the block (conv_kernel_size taps, one
+  // dynamic coefficient per conv_group_size channels, from the sublayer's normed input), and a
+  // candidate selector that walks one path over the selector_top_k drafts of each position,
+  // scoring a successor b after its predecessor a by U(b) + <A(a) ⊙ P h, B(b)> (rank
+  // selector_rank).
+  bool dflash2 = false;
+  int64_t conv_kernel_size = 0;
+  int64_t conv_group_size = 0;
+  int64_t selector_rank = 0;
+  int64_t selector_top_k = 0;
 
   // fc input width per target layer: dflash builds fc as Linear(len(ids) × hidden, hidden), so
   // the target's hidden size must equal the drafter's.
@@ -141,6 +152,11 @@ class DFlashDrafter {
                          const std::vector<int64_t>& starts, int64_t len = 0) const;
   // The head on hidden states [..., H]: lm_head, output_multiplier, softcapping → fp32 [..., V].
   at::Tensor Logits(const at::Tensor& hidden) const;
+  // DFlash2's greedy walk (z-lab's CandidateSelector.select at temperature 0): the drafts of
+  // positions 1..len−1 from their final-normed hidden states [len − 1, H] and logits [len − 1, V]
+  // (Logits of them), starting after `anchor`.
+  std::vector<int64_t> SelectPath(const at::Tensor& hidden, const at::Tensor& logits,
+                                  int64_t anchor) const;
 
   // RoPE inverse frequencies [rotary_dim / 2] (fp32) and cos/sin scaling (YaRN), for tests.
   const at::Tensor& inv_freq() const;

@@ -302,7 +302,7 @@ TEST_F(DrafterFixture, LoadChecksTensors) {
   d = DFlashDrafter::Load(Write(cfg, -1, {"layers.0.attention_conv.base_kernel"}), at::kFloat,
                           at::kCPU);
   ASSERT_FALSE(d.ok());
-  EXPECT_THAT(std::string(d.status().message()), HasSubstr("DFlash2 drafters"));
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("DFlash2 weights in a checkpoint that does not declare DFlash2"));
   d = DFlashDrafter::Load(Write(cfg, -1, {"embed_tokens.weight"}), at::kFloat, at::kCPU);
   ASSERT_FALSE(d.ok());
   EXPECT_THAT(std::string(d.status().message()),

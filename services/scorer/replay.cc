@@ -3,12 +3,29 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <queue>
 
 namespace specwire {
 namespace {
+
+// DFlash2's drafts of one block, from its final-normed hidden states [len, H] (slot 0 the
+// anchor's): the selector's path.
+std::vector<int64_t> DFlash2Path(const DFlashDrafter& d, const at::Tensor& hidden, int64_t anchor) {
+  at::Tensor drafts = hidden.narrow(0, 1, hidden.size(0) - 1);
+  return d.SelectPath(drafts, d.Logits(drafts), anchor);
+}
+
+// The path as logits: 0 at each draft, −inf elsewhere (its argmax is the path; the sampling
+// rules see a point mass).
+at::Tensor PathLogits(const std::vector<int64_t>& path, int64_t vocab) {
+  at::Tensor out = at::full({static_cast<int64_t>(path.size()), vocab},
+                            -std::numeric_limits<float>::infinity(), at::kFloat);
+  for (size_t i = 0; i < path.size(); ++i) out[i][path[i]] = 0.0f;
+  return out;
+}
 
 class DFlashSession : public DraftSession {
  public:
@@ -18,6 +35,11 @@ class DFlashSession : public DraftSession {
     drafter_->AppendContext(*cache_, features);
   }
   at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len) override {
+    if (drafter_->config().dflash2) {
+      return PathLogits(DFlash2Path(*drafter_, drafter_->DraftHidden(*cache_, anchor, start, len),
+                                    anchor),
+                        drafter_->config().layers.vocab_size);
+    }
     return drafter_->DraftBlock(*cache_, anchor, start, len);
   }
   DraftCache* cache() { return cache_.get(); }
@@ -45,6 +67,14 @@ class DFlashBlockDrafter : public BlockDrafter {
                          const std::vector<int64_t>& anchors, const std::vector<int64_t>& starts,
                          int64_t len) override {
     at::Tensor hidden = drafter_->DraftHidden(Caches(sessions), anchors, starts, len);
+    if (drafter_->config().dflash2) {
+      std::vector<at::Tensor> rows;
+      for (size_t r = 0; r < sessions.size(); ++r) {
+        rows.push_back(PathLogits(DFlash2Path(*drafter_, hidden[r], anchors[r]),
+                                  drafter_->config().layers.vocab_size));
+      }
+      return at::stack(rows);
+    }
     return drafter_->Logits(hidden.narrow(1, 1, len - 1));  // [R, len − 1, V]
   }
 
@@ -53,6 +83,15 @@ class DFlashBlockDrafter : public BlockDrafter {
                                       const std::vector<int64_t>& starts, int64_t len,
                                       const std::vector<std::vector<int64_t>>& truths) override {
     const int64_t R = static_cast<int64_t>(sessions.size());
+    if (drafter_->config().dflash2) {  // the selector's path, left to right
+      at::Tensor hidden = drafter_->DraftHidden(Caches(sessions), anchors, starts, len);
+      std::vector<int64_t> accepted(R, 0);
+      for (int64_t r = 0; r < R; ++r) {
+        const std::vector<int64_t> path = DFlash2Path(*drafter_, hidden[r], anchors[r]);
+        while (accepted[r] < len - 1 && path[accepted[r]] == truths[r][accepted[r]]) ++accepted[r];
+      }
+      return accepted;
+    }
     at::Tensor drafts = drafter_->DraftHidden(Caches(sessions), anchors, starts, len)
                             .narrow(1, 1, len - 1);  // [R, len − 1, H]
     std::vector<int64_t> accepted(R, 0);

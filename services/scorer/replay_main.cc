@@ -374,6 +374,11 @@ absl::Status RunDraft() {
         const std::string p = absl::StrCat("case.", i, ".step.", j, ".");
         outputs.emplace_back(p + "hidden", hidden.to(at::kCPU, at::kFloat).contiguous());
         outputs.emplace_back(p + "logits", logits.to(at::kCPU, at::kFloat).contiguous());
+        if (m.drafter->config().dflash2) {
+          const std::vector<int64_t> path =
+              m.drafter->SelectPath(hidden.narrow(0, 1, hidden.size(0) - 1), logits, anchor);
+          outputs.emplace_back(p + "path", at::tensor(path, at::kLong));
+        }
       }
     }
     return absl::OkStatus();
@@ -382,7 +387,7 @@ absl::Status RunDraft() {
   std::vector<TensorToWrite> tensors;
   for (const auto& [name, t] : outputs) {
     tensors.push_back(
-        {name, DType::kF32, t.sizes().vec(),
+        {name, t.scalar_type() == at::kLong ? DType::kI64 : DType::kF32, t.sizes().vec(),
          std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
   }
   SW_RETURN_IF_ERROR(WriteSafetensors(out_path, tensors));

@@ -49,11 +49,11 @@ absl::Status CheckKnownFamily(const std::string& config_json, const std::string&
   const nlohmann::json doc = nlohmann::json::parse(config_json, nullptr, false);
   if (!doc.is_object() || !doc.contains("speculators_model_type")) return absl::OkStatus();
   const nlohmann::json& t = doc["speculators_model_type"];
-  if (t.is_string() && (t == "eagle3" || t == "dflash")) return absl::OkStatus();
+  if (t.is_string() && (t == "eagle3" || t == "dflash" || t == "dflash2")) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       source, ": key \"speculators_model_type\" is ", t.dump(),
-      "; the scorer reads speculators' \"eagle3\" and \"dflash\" drafters and z-lab's DFlash "
-      "drafters"));
+      "; the scorer reads speculators' \"eagle3\", \"dflash\" and \"dflash2\" drafters and "
+      "z-lab's DFlash and DFlash2 drafters"));
 }
 
 class TorchScorerBackend : public ScorerBackend {
@@ -102,6 +102,7 @@ class TorchScorerBackend : public ScorerBackend {
       s.mask_token_id = c.mask_token_id;
       s.vocab_size = c.layers.vocab_size;
       s.format = c.format;
+      s.method = c.dflash2 ? "dflash2" : "dflash";
       s.last_layer_is_final_norm = c.last_layer_is_final_norm;
       drafter_ = std::move(drafter);
     }
@@ -197,7 +198,8 @@ class TorchScorerBackend : public ScorerBackend {
       options.max_length = t.max_length;
       std::unique_ptr<BlockDrafter> block =
           drafter_ ? MakeBlockDrafter(drafter_.get()) : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
-      if (eagle3_) options.ddtree_budgets.clear();  // DDTree reads parallel block marginals
+      // DDTree reads a DFlash block's parallel marginals: not EAGLE-3's chain, nor DFlash2's path.
+      if (eagle3_ || spec_.method == "dflash2") options.ddtree_budgets.clear();
       AcceptanceReplay replay(block.get());
       out = replay.Run(t.tokens, features, t.prompt_len, options);
       if (!sampling.empty()) {

@@ -10,7 +10,9 @@ save_pretrained into DIR/name; random context features [C, n·H] and a block [an
 1)] at positions C .. C + B − 1 after them; the package's own layers over them (queries from the
 block, keys and values from [context ; block], every key visible: full attention) and its head:
 DIR/name.cases.safetensors holds case.0.features and ref.logits [B − 1, Vd], metadata
-{"anchor": a}.
+{"anchor": a}. A variant with "dflash2" is speculators' DFlash2DraftModel (random convolutions and
+selector): also ref.path [B − 1], z-lab's greedy walk over speculators' own candidate scores
+(speculators scores given predecessors; the walk feeds each chosen token back as the next one).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 def main() -> None:
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+    from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import AutoConfig
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
@@ -47,19 +50,33 @@ def main() -> None:
                          rope_parameters={"rope_type": "default", "rope_theta": v["theta"]})
         tl._attn_implementation = "eager"
         B, Vd, ids = v["block"], v["draft_vocab"], v["aux_ids"]
-        cfg = DFlashSpeculatorConfig(
+        two = v.get("dflash2", False)
+        extra = {}
+        if two:
+            extra = dict(conv_kernel_size=v["conv_kernel_size"], conv_group_size=v["conv_group_size"],
+                         selector_rank=v["selector_rank"], selector_top_k=v["selector_top_k"])
+        cfg = (DFlash2SpeculatorConfig if two else DFlashSpeculatorConfig)(
             transformer_layer_config=tl, draft_vocab_size=Vd, block_size=B,
             aux_hidden_state_layer_ids=ids, mask_token_id=V - 1,
             speculators_config=SpeculatorsConfig(
-                algorithm="dflash", default_proposal_method="greedy",
+                algorithm="dflash2" if two else "dflash", default_proposal_method="greedy",
                 proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=B - 1)],
-                verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
-        m = DFlashDraftModel(cfg).eval()
+                verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)),
+            **extra)
+        m = (DFlash2DraftModel if two else DFlashDraftModel)(cfg).eval()
         with torch.no_grad():
             for pname, p in m.named_parameters():
                 if p.dtype.is_floating_point:
                     noise = torch.randn(p.shape, generator=g)
-                    p.copy_(1.0 + 0.2 * noise if pname.endswith("norm.weight") else 0.1 * noise)
+                    if pname.endswith("norm.weight"):
+                        p.copy_(1.0 + 0.2 * noise)
+                    elif pname.endswith("base_kernel"):  # identity (tap 0 = 1) plus noise
+                        p.copy_(0.3 * noise)
+                        p[:, 0] += 1.0
+                    elif "codebook" in pname:
+                        p.copy_(1.5 * noise)
+                    else:
+                        p.copy_(0.1 * noise)
             m.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
             head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
             chosen = torch.arange(V)
@@ -84,11 +101,22 @@ def main() -> None:
             for layer in m.layers:
                 h = layer(hidden_states=h, target_hidden=th, attention_mask=None,
                           position_ids=pos, position_embeddings=pe)
-            logits = m.lm_head(m.norm(h))[0, 1:]
-        save_file({"case.0.features": feats[0].contiguous(),
+            normed = m.norm(h)[0, 1:]
+            logits = m.lm_head(normed)
+            path, pred = [], anchor
+            if two:
+                sel = m.candidate_selector
+                for t in range(B - 1):
+                    cid, scores = sel.select(logits[None, t:t + 1], normed[None, t:t + 1],
+                                             torch.tensor([[pred]]))
+                    pred = int(cid[0, 0, int(scores[0, 0].argmax())])
+                    path.append(pred)
+        tensors = {"case.0.features": feats[0].contiguous(),
                    "ref.logits": logits.float().contiguous(),
-                   "ref.chosen": chosen.to(torch.int64).contiguous()},
-                  str(out / f"{name}.cases.safetensors"), metadata={"anchor": str(anchor)})
+                   "ref.chosen": chosen.to(torch.int64).contiguous()}
+        if two:
+            tensors["ref.path"] = torch.tensor(path, dtype=torch.int64)
+        save_file(tensors, str(out / f"{name}.cases.safetensors"), metadata={"anchor": str(anchor)})
     print(json.dumps({"variants": list(spec["variants"])}))
 
 

@@ -16,6 +16,7 @@ Run time: about half a minute on two cores (training the drafter is ~4 s).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import shutil
@@ -289,3 +290,65 @@ def test_ddtree_matches_python_on_replays(block, trained, target, replay_bin):
     taus = ours["summary"]["ddtree_tau"]
     assert taus["32"]["tau_mean_of_means"] > taus["1"]["tau_mean_of_means"]
     assert taus["1"]["tau_pooled"] <= 2.0
+
+
+# --- 4. DFlash2: the selector's path through dflash's own loop ----------------------------------
+
+@pytest.fixture(scope="module")
+def trained2(trained, target, tmp_path_factory) -> dict:
+    """The trained B=8 drafter made a DFlash2DraftModel (dflash 0.1.0): its convolutions near the
+    identity (random small taps and dynamic coefficients) and a random candidate selector strong
+    enough to move the path off the argmax; saved in z-lab's published layout (the selector's
+    codebooks without ".weight")."""
+    from dflash.model import DFlash2DraftModel
+    root = tmp_path_factory.mktemp("dflash2")
+    base = F.load_drafter(trained["dirs"][8])
+    cfg = copy.deepcopy(base.config)
+    cfg.architectures = ["DFlash2DraftModel"]
+    cfg.dflash_config = dict(cfg.dflash_config, conv_kernel_size=2, conv_group_size=16,
+                             selector_rank=16, selector_top_k=4)
+    model = DFlash2DraftModel(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all("conv" in k or "candidate_selector" in k for k in missing)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith("base_kernel"):
+                p.copy_(0.05 * noise)
+                p[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight"):
+                p.copy_(0.02 * noise)
+            elif "candidate_selector" in name:
+                p.copy_((0.8 if "codebook" in name else 0.3) * noise)
+    out = root / "b8-dflash2"
+    model.save_pretrained(out, safe_serialization=True)
+    weights = load_file(str(out / "model.safetensors"))
+    weights = {k.replace("_codebook.weight", "_codebook"): v for k, v in weights.items()}
+    save_file(weights, str(out / "model.safetensors"))
+    return {"dir": out, "model": model}
+
+
+def test_dflash2_replay_matches_dflash_loop(trained, trained2, target, replay_bin):
+    target_dir, hf = target
+    ours = F.run_replay([
+        "--drafter", str(trained2["dir"]), "--target_checkpoint", str(target_dir),
+        "--tokens_file", str(trained["prompts_file"]), "--max_new_tokens", str(MAX_NEW_TOKENS),
+        "--stop", str(trained["stop"]), "--ignore_model_eos", "--ddtree", "none",
+        "--threads", "1", "--batch", "3"])
+    dflash1 = ours_replay(trained, target_dir, 8)
+    differ = 0
+    with torch_threads(1):
+        for i, prompt in enumerate(trained["prompts"]):
+            completion, lengths = F.dflash_reference(trained2["model"], hf, prompt,
+                                                     MAX_NEW_TOKENS, [trained["stop"]])
+            got = ours["responses"][i]
+            assert got["completion"] == completion, f"response {i}"
+            assert got["step_lengths"] == lengths, (
+                f"response {i}:\n ours   {got['step_lengths']}\n dflash {lengths}")
+            differ += got["step_lengths"] != dflash1["responses"][i]["step_lengths"]
+    assert differ > 0  # the selector and convolutions change the drafts
+    flat = [x for r in ours["responses"] for x in r["step_lengths"]]
+    assert max(flat) >= 3
+    print(f"DFlash2 B=8: tau {ours['summary']['tau_mean_of_means']:.3f} vs DFlash "
+          f"{dflash1['summary']['tau_mean_of_means']:.3f}; {differ} responses differ")

@@ -1,11 +1,16 @@
-"""DFlash drafters in vllm-project/speculators' format (speculators_model_type "dflash"): the
-forward of specwire's DFlashDrafter against speculators 0.9.0's own DFlashDraftModel
+"""DFlash and DFlash2 drafters in vllm-project/speculators' format (speculators_model_type
+"dflash" / "dflash2") and DFlash2 in z-lab's format: the forward of specwire's DFlashDrafter
+against speculators 0.9.0's own DFlashDraftModel / DFlash2DraftModel
 (tests/parity/dflash_speculators_reference.py, in a subprocess with .venv/trainer-oracles), on
 checkpoints written by the package's save_pretrained: full and draft vocabularies (lm_head of its
 own, d2t / t2d), one and two layers, 2–3 auxiliary layers in speculators' convention (HF
-hidden-state indices, the last layer's index included), block sizes 4–16. The block's logits
-must agree within 1e-5 relative (fp32), and tokens outside a draft vocabulary are −inf. Bad
-declarations are refused by name. About 15 s on two cores."""
+hidden-state indices, the last layer's index included), block sizes 4–16; DFlash2 with random
+grouped dynamic convolutions and candidate selectors (kernel 1–3, groups of 8–32 channels,
+selector rank and top-k). The block's logits must agree within 1e-5 relative (fp32), tokens
+outside a draft vocabulary are −inf, and DFlash2's drafted path equals the greedy walk over the
+package's own candidate scores. The DFlash2 checkpoints are also written in z-lab's
+DFlash2DraftModel layout and checked against dflash 0.1.0's own model (forward, compute_logits,
+propose). Bad declarations are refused by name. About 20 s on two cores."""
 from __future__ import annotations
 
 import json
@@ -34,16 +39,30 @@ VARIANTS = {
                         "aux_ids": [1, 3]},
     "pruned-last-layer": {"layers": 1, "theta": 1e4, "block": 16, "draft_vocab": 200,
                           "aux_ids": [2, 3, 4]},
+    "dflash2-k2": {"layers": 2, "theta": 1e6, "block": 8, "draft_vocab": 512, "aux_ids": [1, 3],
+                   "dflash2": True, "conv_kernel_size": 2, "conv_group_size": 16,
+                   "selector_rank": 32, "selector_top_k": 8},
+    "dflash2-k3-wide-groups": {"layers": 1, "theta": 1e4, "block": 16, "draft_vocab": 512,
+                               "aux_ids": [2, 4], "dflash2": True, "conv_kernel_size": 3,
+                               "conv_group_size": 32, "selector_rank": 16,
+                               "selector_top_k": 16},
 }
 
 
 def random_variants(seed: int, n: int) -> dict:
     rng = random.Random(seed)
-    return {f"random-{seed}-{i}": {
-        "layers": rng.choice([1, 2]), "theta": rng.choice([1e4, 1e6]),
-        "block": rng.choice([4, 8, 16]),
-        "draft_vocab": rng.choice([512, rng.randint(16, 511)]),
-        "aux_ids": sorted(rng.sample(range(1, 5), rng.randint(2, 3)))} for i in range(n)}
+    out = {}
+    for i in range(n):
+        v = {"layers": rng.choice([1, 2]), "theta": rng.choice([1e4, 1e6]),
+             "block": rng.choice([4, 8, 16]),
+             "draft_vocab": rng.choice([512, rng.randint(16, 511)]),
+             "aux_ids": sorted(rng.sample(range(1, 5), rng.randint(2, 3)))}
+        if i % 2:
+            v.update(dflash2=True, draft_vocab=512, conv_kernel_size=rng.randint(1, 3),
+                     conv_group_size=rng.choice([8, 16, 32]), selector_rank=rng.choice([8, 64]),
+                     selector_top_k=rng.choice([1, 4, 16]))
+        out[f"random-{seed}-{i}"] = v
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +74,7 @@ def oracle(tmp_path_factory):
     target = F.make_target(root)
     seed = int(os.environ.get("SPECWIRE_DFLASH_SEED", time.strftime("%Y%m%d")))
     print(f"speculators DFlash random variants: seed {seed}")
-    variants = {**VARIANTS, **random_variants(seed, 3)}
+    variants = {**VARIANTS, **random_variants(seed, 4)}
     spec = root / "spec.json"
     spec.write_text(json.dumps({"target": str(target), "out": str(root / "out"),
                                 "context": CONTEXT, "seed": seed, "variants": variants}))
@@ -96,6 +115,9 @@ def test_forward_matches_speculators(oracle):
         outside = torch.ones(512, dtype=torch.bool)
         outside[chosen] = False
         assert torch.isneginf(got[:, outside]).all(), name
+        if v.get("dflash2"):
+            path = load_file(str(oracle["root"] / f"{name}.out.safetensors"))["case.0.step.0.path"]
+            assert path.tolist() == c["ref.path"].tolist(), name
         print(f"{name}: relative error {err:.2e}")
         if err > TOL:
             failures.append(f"{name} ({v}): {err:.3e}")
@@ -138,3 +160,48 @@ def test_bad_declarations_are_refused_by_name(oracle, case):
     assert r.returncode == 2, (case, r.returncode, r.stderr[-2000:])
     for w in words:
         assert w in r.stderr, (case, w, r.stderr[-1500:])
+
+
+def to_zlab(src: Path, dst: Path, num_target_layers: int) -> Path:
+    """A speculators DFlash2 checkpoint in z-lab's DFlash2DraftModel layout: a top-level Qwen3
+    config with dflash_config (target_layer_ids = speculators' ids − 1); the same tensors."""
+    cfg = json.loads((src / "config.json").read_text())
+    z = dict(cfg["transformer_layer_config"])
+    z.update(architectures=["DFlash2DraftModel"], model_type="qwen3", is_causal=False,
+             block_size=cfg["block_size"], num_target_layers=num_target_layers,
+             dflash_config={"mask_token_id": cfg["mask_token_id"],
+                            "target_layer_ids": [k - 1 for k in cfg["aux_hidden_state_layer_ids"]],
+                            "block_size": cfg["block_size"],
+                            **{k: cfg[k] for k in ("conv_kernel_size", "conv_group_size",
+                                                   "selector_rank", "selector_top_k")}})
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(z))
+    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
+    return dst
+
+
+def test_dflash2_in_zlab_format_matches_dflash(oracle):
+    from dflash.model import DFlash2DraftModel
+    hf = F.hf_target(oracle["target"])
+    for name, v in oracle["variants"].items():
+        if not v.get("dflash2"):
+            continue
+        zdir = to_zlab(oracle["root"] / "out" / name, oracle["root"] / f"zlab-{name}",
+                       hf.config.num_hidden_layers)
+        r, c, got = draft(oracle, name, zdir)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        with safe_open(str(oracle["root"] / "out" / f"{name}.cases.safetensors"), "pt") as f:
+            anchor = int(f.metadata()["anchor"])
+        z = DFlash2DraftModel.from_pretrained(str(zdir), dtype=torch.float32).eval()
+        B = v["block"]
+        block = torch.tensor([[anchor] + [511] * (B - 1)])
+        with torch.no_grad():
+            noise = hf.get_input_embeddings()(block)
+            hidden = z(position_ids=torch.arange(CONTEXT + B)[None], noise_embedding=noise,
+                       target_hidden=c["case.0.features"][None])[:, 1:]
+            logits = z.compute_logits(hidden, hf.lm_head)[0]
+            path, _, _ = z.propose(hidden, block[:, 0], hf.lm_head, 0.0)
+        err = ((got - logits).norm() / logits.norm()).item()
+        assert err < TOL, (name, err)
+        zpath = load_file(str(oracle["root"] / f"zlab-{name}.out.safetensors"))["case.0.step.0.path"]
+        assert zpath.tolist() == path[0].tolist() == c["ref.path"].tolist(), name
