@@ -26,7 +26,12 @@ What is timed (medians over alternating rounds):
 The headline compares against dflash-draft, the stricter baseline (it gives dflash credit for
 none of its loop overhead while our time includes all of ours).
 
-Last line: scorer_vs_dflash_ratio=<median over configs of ours / dflash-draft blocks per second>.
+--family dflash2: the same with a DFlash2DraftModel (random grouped dynamic convolutions and a
+random candidate selector; dflash_generate walks its selector): dflash-draft then also counts
+candidate_selector.select, and the replay accepts along the selector's path.
+
+Last line: scorer_vs_dflash_ratio (or scorer_vs_dflash2_ratio)=<median over configs of ours /
+dflash-draft blocks per second>.
 """
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "parity"))
 
 import dflash.model as dflash_model  # noqa: E402
-from dflash.model import DFlashDraftModel, dflash_generate  # noqa: E402
+from dflash.model import DFlash2DraftModel, DFlashDraftModel, dflash_generate  # noqa: E402
 
 dflash_model._cuda_time = time.perf_counter  # its timers need CUDA; only return_stats uses them
 _ORIGINAL = (dflash_model._make_cache, dflash_model._crop_to, dflash_model._raw_input_embeddings)
@@ -71,9 +76,9 @@ SIZES = {
 }
 
 
-def build(size: str, cache: Path) -> tuple[Path, Path]:
+def build(size: str, cache: Path, family: str = "dflash") -> tuple[Path, Path]:
     tcfg, layer_types, window, *_ = SIZES[size]
-    root = cache / size
+    root = cache / size / family
     target_dir, drafter_dir = root / "target", root / "drafter"
     if (drafter_dir / "config.json").exists():
         return target_dir, drafter_dir
@@ -95,7 +100,21 @@ def build(size: str, cache: Path) -> tuple[Path, Path]:
                        "target_layer_ids": [0, 1, L - 2]})
     dcfg.architectures = ["DFlashDraftModel"]
     torch.manual_seed(1)
-    DFlashDraftModel(dcfg).save_pretrained(drafter_dir, safe_serialization=True)
+    if family == "dflash":
+        DFlashDraftModel(dcfg).save_pretrained(drafter_dir, safe_serialization=True)
+        return target_dir, drafter_dir
+    dcfg.architectures = ["DFlash2DraftModel"]
+    dcfg.dflash_config = dict(dcfg.dflash_config, conv_kernel_size=2, conv_group_size=16,
+                              selector_rank=64, selector_top_k=16)
+    model = DFlash2DraftModel(dcfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("base_kernel"):
+                p.normal_(std=0.05)
+                p[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight") or "candidate_selector" in name:
+                p.normal_(std=0.02)
+    model.save_pretrained(drafter_dir, safe_serialization=True)
     return target_dir, drafter_dir
 
 
@@ -118,6 +137,8 @@ class DflashTimer:
 
         drafter.forward = timed(drafter.forward, "draft")
         drafter.compute_logits = timed(drafter.compute_logits, "draft")
+        if hasattr(drafter, "candidate_selector"):  # DFlash2's walk
+            drafter.candidate_selector.select = timed(drafter.candidate_selector.select, "draft")
         target.forward = timed(target.forward, "target")
         make_cache, crop, embed = _ORIGINAL
 
@@ -176,6 +197,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3, help="replays per specwire-replay call")
+    ap.add_argument("--family", choices=["dflash", "dflash2"], default="dflash")
     args = ap.parse_args()
     exe = args.build_dir / "services" / "scorer" / "specwire-replay"
     if not exe.exists():
@@ -184,19 +206,20 @@ def main() -> None:
 
     rows, ratios = [], []
     for size in args.sizes.split(","):
-        target_dir, drafter_dir = build(size, args.cache_dir)
+        target_dir, drafter_dir = build(size, args.cache_dir, args.family)
         *_, n_prompts, prompt_len, max_new = SIZES[size]
         rng = random.Random(0)
         vocab = SIZES[size][0]["vocab_size"]
         prompts = [[rng.randrange(vocab - 1) for _ in range(prompt_len)] for _ in range(n_prompts)]
         target = transformers.AutoModelForCausalLM.from_pretrained(
             target_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-        drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+        model_class = DFlash2DraftModel if args.family == "dflash2" else DFlashDraftModel
+        drafter = model_class.from_pretrained(drafter_dir, dtype=torch.float32).eval()
         timer = DflashTimer(drafter, target)
         for threads in map(int, args.threads.split(",")):
             torch.set_num_threads(threads)
             steps, _, _, trajectories = run_dflash(drafter, target, timer, prompts, max_new)  # warm-up
-            traj_file = args.cache_dir / size / "trajectories.json"
+            traj_file = args.cache_dir / size / args.family / "trajectories.json"
             traj_file.write_text(json.dumps(trajectories))
             d_draft, d_loop = [], []
             o_time: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -230,7 +253,8 @@ def main() -> None:
           f"{args.rounds} rounds; blocks = drafting steps (identical on both sides); "
           f"specwire-replay --batch 16 (all {'/'.join(str(SIZES[s][3]) for s in SIZES)} responses "
           f"in lockstep)")
-    print(f"scorer_vs_dflash_ratio={statistics.median(ratios):.2f}")
+    name = "scorer_vs_dflash_ratio" if args.family == "dflash" else "scorer_vs_dflash2_ratio"
+    print(f"{name}={statistics.median(ratios):.2f}")
 
 
 if __name__ == "__main__":

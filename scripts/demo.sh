@@ -39,7 +39,8 @@ else
 fi
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
-for m in tiny-qwen3 tiny-qwen3-dflash tiny-qwen3-eagle3 tiny-qwen3_5 heldout_prompts.jsonl; do
+for m in tiny-qwen3 tiny-qwen3-dflash tiny-qwen3-dflash2 tiny-qwen3-eagle3 tiny-qwen3_5 \
+    heldout_prompts.jsonl; do
   [ -e "$MODELS/$m" ] || die "$MODELS/$m is missing (the trained demo models)"
 done
 for b in "$EXTRACTOR" "$SCORER" "$SCORE" "$CLI"; do
@@ -134,29 +135,31 @@ echo
 echo "reports: $OUT/report.json"
 echo "         $OUT/report.html"
 
-say "drafter families side by side: DFlash (block diffusion) and EAGLE-3 (autoregressive chain)"
-"$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-eagle3" \
-  --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
-  --max_new_tokens="$MAX_NEW_TOKENS" --drafter_label=tiny-qwen3-eagle3 \
-  --dataset_label=heldout --json_out="$OUT/report-eagle3.json" \
-  --html_out="$OUT/report-eagle3.html" --scorer_timeout=600 --quiet \
-  2> "$LOGS/score-eagle3-progress.log"
-"$PY" - "$OUT/report.json" "$OUT/report-eagle3.json" "$MODELS" <<'EOF'
+say "drafter families side by side: DFlash, DFlash2 (its selector's path) and EAGLE-3 (a chain)"
+for family in dflash2 eagle3; do
+  "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-$family" \
+    --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
+    --max_new_tokens="$MAX_NEW_TOKENS" --drafter_label="tiny-qwen3-$family" \
+    --dataset_label=heldout --json_out="$OUT/report-$family.json" \
+    --html_out="$OUT/report-$family.html" --scorer_timeout=600 --quiet \
+    > "$LOGS/score-$family.log" 2> "$LOGS/score-$family-progress.log"
+done
+"$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-eagle3.json" "$MODELS" <<'EOF'
 import json, sys
 from pathlib import Path
 print(f"{'drafter':<20} {'method':<7} {'format':<12} {'drafts/step':>11} {'tau':>6} "
       f"{'95% interval':>16} {'pooled':>7} {'steps':>6}")
-for path in sys.argv[1:3]:
+for path in sys.argv[1:4]:
     r = json.load(open(path))
     s, labels = r["summary"], r["labels"]
-    cfg = json.load(open(Path(sys.argv[3]) / labels["drafter"] / "config.json"))
+    cfg = json.load(open(Path(sys.argv[4]) / labels["drafter"] / "config.json"))
     fmt = "speculators" if cfg.get("speculators_model_type") else "z-lab"
     ci = s.get("tau_mean_of_means_ci") or [float("nan")] * 2
     print(f"{labels['drafter']:<20} {labels['method']:<7} {fmt:<12} {s['block_size'] - 1:>11} "
           f"{s['tau_mean_of_means']:>6.3f} {f'[{ci[0]:.3f}, {ci[1]:.3f}]':>16} "
           f"{s['tau_pooled']:>7.3f} {s['steps']:>6}")
 EOF
-echo "report:  $OUT/report-eagle3.json"
+echo "reports: $OUT/report-dflash2.json $OUT/report-eagle3.json"
 
 say "metrics (Prometheus text format)"
 echo "extractor: http://127.0.0.1:$EXTRACTOR_METRICS/metrics"

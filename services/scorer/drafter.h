@@ -1,4 +1,5 @@
-// The DFlash block-diffusion drafter (z-lab format) in libtorch, and its config.
+// The DFlash block-diffusion drafter in libtorch (z-lab's and speculators' formats; DFlash2's
+// convolutions and candidate selector), and its config.
 //
 // Architecture (oracle: dflash 0.1.0 `dflash/model.py`): target
 // features of target_layer_ids are concatenated, fused once by fc + hidden_norm into context rows;

@@ -116,7 +116,8 @@ struct TorchScorerOptions {
   int threads = 0;                // intra-op CPU threads; 0: torch's default
 };
 
-// The libtorch backend (DFlashDrafter + AcceptanceReplay of services/scorer/{drafter,replay}.h).
+// The libtorch backend (DFlashDrafter / Eagle3Drafter + AcceptanceReplay of
+// services/scorer/{drafter,eagle3_drafter,replay}.h).
 absl::StatusOr<std::unique_ptr<ScorerBackend>> MakeTorchScorerBackend(
     const TorchScorerOptions& options);
 

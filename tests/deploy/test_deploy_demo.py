@@ -110,11 +110,16 @@ def test_every_server_stopped(demo):
 
 
 def test_drafter_families_side_by_side(demo):
-    """The committed EAGLE-3 drafter (speculators format) scored beside the DFlash one: its
-    report carries the eagle3 method label, and the comparison table matches both reports."""
+    """The committed DFlash2 (z-lab format) and EAGLE-3 (speculators format) drafters scored
+    beside the DFlash one: their reports carry their method labels, and the comparison table
+    matches the three reports."""
     text, out = demo["stdout"], demo["out"]
     reports = {"tiny-qwen3-dflash": demo["report"],
+               "tiny-qwen3-dflash2": json.loads((out / "report-dflash2.json").read_text()),
                "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text())}
+    d2 = reports["tiny-qwen3-dflash2"]
+    assert d2["labels"]["method"] == "dflash2" and d2["summary"]["block_size"] == 16
+    assert not d2["summary"]["ddtree_tau"]
     e3 = reports["tiny-qwen3-eagle3"]
     assert e3["labels"] == {"drafter": "tiny-qwen3-eagle3", "dataset": "heldout",
                             "method": "eagle3"}
@@ -131,3 +136,4 @@ def test_drafter_families_side_by_side(demo):
         assert int(m.group(8)) == s["steps"]
     if "SPECWIRE_DEMO_MODELS" not in os.environ:
         assert e3["summary"]["tau_mean_of_means"] >= 2.0, e3["summary"]
+        assert d2["summary"]["tau_mean_of_means"] >= 2.0, d2["summary"]

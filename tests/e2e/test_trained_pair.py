@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
 TARGET = MODELS / "tiny-qwen3"
 DRAFTER = MODELS / "tiny-qwen3-dflash"
+DRAFTER2 = MODELS / "tiny-qwen3-dflash2"
 HYBRID = MODELS / "tiny-qwen3_5"
 PROMPTS = MODELS / "heldout_prompts.jsonl"
 MAX_NEW_TOKENS = 96
@@ -134,6 +135,39 @@ def test_scoring_matches_dflash_loop_and_reaches_tau(report, prompts):
     print(f"tau {tau:.3f} (pooled {summary['tau_pooled']:.3f}) over {summary['steps']} steps, "
           f"DDTree-{DDTREE} {summary['ddtree_tau']}")
     assert tau >= TAU_GOAL
+
+
+def test_dflash2_scoring_matches_dflash_loop(extractor, prompts, tmp_path):
+    """The committed DFlash2 drafter (z-lab's DFlash2DraftModel format): specwire-score's step
+    lengths equal dflash's own loop with its candidate selector, prompt by prompt."""
+    from dflash.model import DFlash2DraftModel
+    n = 8  # prompts: dflash's loop walks the selector in Python
+    tokens = tmp_path / "prompts.json"
+    tokens.write_text(json.dumps(prompts[:n]))
+    res = subprocess.run(
+        [str(scorer_binary("specwire-score")), f"--extractor={extractor.address}",
+         f"--drafter={DRAFTER2}", f"--prompts_file={tokens}",
+         f"--max_new_tokens={MAX_NEW_TOKENS}", "--dtype=float32", f"--threads={THREADS}",
+         "--cache_dir=none", f"--target_checkpoint={TARGET}",
+         f"--json_out={tmp_path / 'report.json'}", "--quiet"],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["labels"]["method"] == "dflash2"
+    drafter = DFlash2DraftModel.from_pretrained(DRAFTER2, dtype=torch.float32).eval()
+    target = load_hf_model(TARGET, torch.float32)
+    eos = target.generation_config.eos_token_id
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = [F.dflash_reference(drafter, target, p, MAX_NEW_TOKENS, [eos]) for p in prompts[:n]]
+    finally:
+        torch.set_num_threads(saved)
+    ours = sorted(report["prompts"], key=lambda p: p["prompt_index"])
+    for i, (got, (completion, lengths)) in enumerate(zip(ours, ref)):
+        assert got["step_lengths"] == lengths, (
+            f"prompt {i}: step lengths differ\n ours   {got['step_lengths']}\n dflash {lengths}")
+    assert report["summary"]["tau_mean_of_means"] >= TAU_GOAL
 
 
 @pytest.fixture(scope="module")
