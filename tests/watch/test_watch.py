@@ -530,3 +530,20 @@ def test_crash_mid_scoring_loses_nothing_recorded(setup):
         [r for r in before if (r["run"], r["step"]) != ("r1", 900)]
     scored = re.findall(r"scoring run (\S+) step (\d+) \(.*\) on eval set (\S+)", scorer.log())
     assert sorted(scored) == sorted(("r1", "900", d) for d in {"chat", "code"} - done_before)
+
+
+@pytest.mark.parametrize("family", ["eagle3", "dflash2"])
+def test_push_mode_scores_every_drafter_family(setup, family):
+    """The committed EAGLE-3 (speculators format) and DFlash2 (z-lab format) drafters of the same
+    target, pushed as checkpoints: scored on every eval set like the DFlash ones; their chains
+    and paths have no DDTree rows."""
+    src = REPO / "models" / f"tiny-qwen3-{family}"
+    with ScorerClient(setup["scorer"].address, timeout=300) as client:
+        pushed = client.submit_checkpoint(run=f"family-{family}", step=1, path=src)
+    assert set(pushed.scores) == {"chat", "code"}
+    for s in pushed.scores.values():
+        assert s.status == "ok" and not s.from_database, s
+        assert s.tau >= 1.0 and not s.ddtree_tau
+    rows = recorded(setup, f"family-{family}", 1)
+    assert {json.loads(r["summary"])["tau"] for r in rows.values()} == \
+        {s.tau for s in pushed.scores.values()}
