@@ -437,7 +437,9 @@ absl::Status RunFeatures() {
   SW_ASSIGN_OR_RETURN(CasesFile opened, OpenCases(cases_path));
   std::unique_ptr<SafetensorsFile> in = std::move(opened.file);
   const json cases = std::move(opened.cases);
-  if (cases.empty()) return absl::InvalidArgumentError("--cases: metadata \"cases\" is empty");
+  if (cases.empty()) {
+    return absl::InvalidArgumentError("--cases: metadata \"cases\" must be a non-empty JSON list");
+  }
   const DrafterConfig& dc = m.drafter->config();
   const int64_t width = dc.target_hidden_size() * static_cast<int64_t>(dc.target_layer_ids.size());
   std::vector<std::vector<int64_t>> trajectories(cases.size());
