@@ -146,7 +146,19 @@ def specforge_variant(v: dict, out: Path, L: int, K: int, seed: int) -> dict:
                                                          torch.ones(V, dtype=torch.bool))
     m.d2t.copy_(d2t)
     m.t2d.copy_(t2d)
-    m.save_pretrained(out)
+    if v.get("sglang_export"):
+        # SpecForge's serving export (export/to_sglang.py): the frozen embedding left out (the
+        # runtime takes the target's), the required keys checked, legacy rope keys written.
+        from safetensors.torch import load_file
+        from specforge.export.checkpoint_io import apply_legacy_rope_scaling
+        from specforge.export.to_sglang import _serving_state
+        with torch.no_grad():
+            m.embed_tokens.weight.copy_(load_file(v["target_embed"])["embed"])
+        full = {k: t for k, t in m.state_dict().items() if "embed" not in k.lower()}
+        m.save_pretrained(out, state_dict=_serving_state(full, {}))
+        apply_legacy_rope_scaling(str(out))
+    else:
+        m.save_pretrained(out)
     g = torch.Generator().manual_seed(seed + 2)
     feats = torch.randn(1, L, 3 * T, generator=g)
     ids = torch.randint(0, V, (1, L), generator=g)

@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import dflash_fixtures as F
+import hf_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLES = REPO / ".venv" / "trainer-oracles"
@@ -59,6 +60,9 @@ VARIANTS = {
                                "layers": 2, "window": 4},
     "sf-pruned": {"format": "specforge", "hidden": 32, "vocab": 96, "draft_vocab": 40,
                   "aux_ids": [1, 3, 5]},
+    # SpecForge's serving export: no embed_tokens (the target's is used), legacy rope keys.
+    "sf-sglang-export": {"format": "specforge", "hidden": 32, "vocab": 96, "draft_vocab": 40,
+                         "aux_ids": [0, 1, 3], "sglang_export": True},
     "sf-fc-norm-no-final-norm-wide-target": {"format": "specforge", "hidden": 32,
                                              "target_hidden": 48, "vocab": 96,
                                              "draft_vocab": 96, "aux_ids": [0, 3, 5],
@@ -129,21 +133,33 @@ def oracle(tmp_path_factory):
         pytest.fail("speculators / specforge are not in .venv/trainer-oracles (scripts/setup.sh "
                     "installs requirements-trainers.txt there)", pytrace=False)
     out = tmp_path_factory.mktemp("eagle3")
+    # The target of the export variant: its embedding is the drafter's.
+    target = hf_fixtures.make_checkpoint("sglang_target", out, overrides=dict(
+        model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+    save_file({"embed": embed.contiguous()}, str(out / "target_embed.safetensors"))
     # The random draws change daily (the seed is printed; SPECWIRE_EAGLE3_SEED repeats a run).
     seed = int(os.environ.get("SPECWIRE_EAGLE3_SEED", time.strftime("%Y%m%d")))
     print(f"eagle3 random variants: seed {seed} (SPECWIRE_EAGLE3_SEED={seed} repeats them)")
     variants = {**VARIANTS, **random_variants(seed, 6)}
+    variants["sf-sglang-export"] = dict(variants["sf-sglang-export"],
+                                        target_embed=str(out / "target_embed.safetensors"))
     reference(out, variants, seed)
-    return out, variants
+    return out, variants, target
 
 
 def test_forward_matches_the_reference_packages(oracle):
-    out, variants = oracle
+    out, variants, target = oracle
     ends = list(range(1, LENGTH - STEPS + 2))  # every lane whose teacher-forced chain fits
     failures = []
     for name, v in variants.items():
         cases = load_file(str(out / f"{name}.cases.safetensors"))
-        got = draft(out / name, cases, ends, out / name)
+        extra = []
+        if v.get("sglang_export"):  # no embedding of its own: the target's
+            assert "embed_tokens.weight" not in load_file(str(out / name / "model.safetensors"))
+            extra = [f"--target_checkpoint={target}"]
+        got = draft(out / name, cases, ends, out / name, *extra)
         assert isinstance(got, dict), f"{name}: {got.stderr[-2000:]}"
         worst = 0.0
         for e, logits in got.items():
@@ -168,7 +184,7 @@ def test_forward_matches_the_reference_packages(oracle):
 
 def test_the_sliding_window_is_applied(oracle):
     """The two-layer window variant differs from the same weights without the window."""
-    out, _ = oracle
+    out, _, _ = oracle
     name = "spec-two-layers-window"
     nowin = out / "no-window"
     shutil.copytree(out / name, nowin)
@@ -185,7 +201,7 @@ def test_the_sliding_window_is_applied(oracle):
 
 def broken(oracle, name: str, tag: str, config=None, tensors=None) -> Path:
     """A copy of a reference checkpoint with its config.json and/or tensors changed."""
-    out, _ = oracle
+    out, _, _ = oracle
     dst = out / f"broken-{tag}"
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(out / name, dst)
@@ -201,7 +217,7 @@ def broken(oracle, name: str, tag: str, config=None, tensors=None) -> Path:
 
 
 def refusal(oracle, drafter: Path, *extra: str) -> str:
-    out, _ = oracle
+    out, _, _ = oracle
     cases = load_file(str(out / "spec-llama-pruned.cases.safetensors"))
     r = draft(drafter, cases, [3], out / f"{drafter.name}-run", *extra)
     assert not isinstance(r, dict), f"{drafter.name} was accepted"
