@@ -20,6 +20,7 @@
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/scorer/draft_weights.h"
 #include "services/scorer/vocab_map.h"
 
 namespace specwire {
@@ -506,47 +507,16 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
 
   absl::Status status = RunGuarded("loading drafter " + dir, [&]() -> absl::Status {
     std::set<std::string> consumed;
-    std::vector<std::string> missing;
-    absl::Status error;
-    m.ForEachWeight([&](const WeightSlot& slot) {
-      if (!error.ok()) return;
-      const TensorView* view = m.checkpoint->Find(slot.name);
-      if (view == nullptr) {
-        missing.push_back(slot.name);
-        return;
-      }
-      if (view->shape != slot.shape) {
-        const std::string got = absl::StrCat("[", absl::StrJoin(view->shape, ", "), "]");
-        const std::string want = absl::StrCat("[", absl::StrJoin(slot.shape, ", "), "]");
-        if (slot.name == "fc.weight") {
-          error = absl::InvalidArgumentError(
-              absl::StrCat(config_path, ": key \"dflash_config.target_layer_ids\" has ",
-                           m.config.target_layer_ids.size(), " entries, so fc.weight must be ",
-                           want, " (", m.config.target_layer_ids.size(), " x hidden_size ", m.H(),
-                           " inputs), but the checkpoint has ", got));
-        } else {
-          error = absl::InvalidArgumentError(absl::StrCat("tensor \"", slot.name, "\" has shape ",
-                                                          got, " but config.json implies ", want));
-        }
-        return;
-      }
-      if (!IsFloat(view->dtype)) {
-        error = absl::InvalidArgumentError(absl::StrCat("tensor \"", slot.name, "\" is ",
-                                                        DTypeName(view->dtype),
-                                                        "; weights must be BF16, F16 or F32"));
-        return;
-      }
-      *slot.slot = WrapView(*view).to(dtype);
-      consumed.insert(slot.name);
-    });
-    SW_RETURN_IF_ERROR(error);
-    if (!missing.empty()) {
-      const size_t shown = std::min<size_t>(missing.size(), 8);
-      return absl::InvalidArgumentError(
-          absl::StrCat(missing.size(), " drafter tensor(s) missing from ", dir, ": ",
-                       absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
-                       missing.size() > shown ? ", ..." : ""));
-    }
+    SW_RETURN_IF_ERROR(LoadDraftWeights(
+        *m.checkpoint, dir, "drafter", [&](const WeightVisitor& v) { m.ForEachWeight(v); },
+        dtype, consumed,
+        [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
+          if (slot.name != "fc.weight") return std::string();
+          return absl::StrCat(config_path, ": key \"dflash_config.target_layer_ids\" has ",
+                              m.config.target_layer_ids.size(), " entries, so fc.weight must be ",
+                              want, " (", m.config.target_layer_ids.size(), " x hidden_size ",
+                              m.H(), " inputs), but the checkpoint has ", got);
+        }));
     if (m.config.draft_vocab_size > 0) {
       const int64_t Vd = m.config.draft_vocab_size;
       const TensorView* head = m.checkpoint->Find("lm_head.weight");

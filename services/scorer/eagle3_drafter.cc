@@ -18,6 +18,7 @@
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/scorer/draft_weights.h"
 #include "services/scorer/replay.h"
 #include "services/scorer/vocab_map.h"
 
@@ -379,6 +380,14 @@ struct Eagle3Drafter::Impl {
     return {at::cat({Norm(e, l.in_norm), gn}, -1), config.norm_before_residual ? gn : g};
   }
 
+  // Layer i's attention input and residual: [embedding ; hidden] into the first layer, the
+  // previous layer's output h into the others.
+  std::pair<at::Tensor, at::Tensor> LayerInput(size_t i, const at::Tensor& e, const at::Tensor& g,
+                                               const at::Tensor& h) const {
+    if (i == 0) return FirstInput(layers[0], e, g);
+    return {Norm(h, layers[i].in_norm), h};
+  }
+
   // Context rows: K/V into the caches at [past, past + n), causal (windowed) attention over
   // the rows before; returns the outputs [n, H].
   at::Tensor ContextRows(std::vector<std::unique_ptr<KvCache>>& kv, int64_t past,
@@ -389,13 +398,7 @@ struct Eagle3Drafter::Impl {
     at::Tensor h;
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
-      at::Tensor x, residual;
-      if (i == 0) {
-        std::tie(x, residual) = FirstInput(l, e, g);
-      } else {
-        residual = h;
-        x = Norm(h, l.in_norm);
-      }
+      auto [x, residual] = LayerInput(i, e, g, h);
       auto [q, k, v] = Qkv(l, x, past + config.position_offset);
       at::Tensor attn = CausalAttention(q, k, v, ctx, kv[i].get(), l.window, scale);  // [1, n, .]
       h = Finish(l, attn.squeeze(0), residual);
@@ -422,13 +425,7 @@ struct Eagle3Drafter::Impl {
     at::Tensor h;
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
-      at::Tensor x, residual;
-      if (i == 0) {
-        std::tie(x, residual) = FirstInput(l, e, g);
-      } else {
-        residual = h;
-        x = Norm(h, l.in_norm);
-      }
+      auto [x, residual] = LayerInput(i, e, g, h);
       auto [q, kk, vv] = Qkv(l, x, pos);
       kv[i]->k.narrow(2, slot, 1).copy_(kk);
       kv[i]->v.narrow(2, slot, 1).copy_(vv);
@@ -488,40 +485,15 @@ absl::StatusOr<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::Load(const std::st
   const int64_t V = m.config.layers.vocab_size, Vd = m.config.draft_vocab_size;
   absl::Status status = RunGuarded("loading EAGLE-3 drafter " + dir, [&]() -> absl::Status {
     std::set<std::string> consumed;
-    std::vector<std::string> missing;
-    absl::Status error;
-    m.ForEachWeight([&](const WeightSlot& slot) {
-      if (!error.ok()) return;
-      const TensorView* view = m.checkpoint->Find(slot.name);
-      if (view == nullptr) {
-        missing.push_back(slot.name);
-        return;
-      }
-      if (!IsFloat(view->dtype)) {
-        error = absl::InvalidArgumentError(absl::StrCat("tensor \"", slot.name, "\" is ",
-                                                        DTypeName(view->dtype),
-                                                        "; weights must be BF16, F16 or F32"));
-        return;
-      }
-      if (view->shape != slot.shape) {
-        error = absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", slot.name, "\" has shape ", Shape(view->shape), " but config.json implies ",
-            Shape(slot.shape),
-            slot.name == "fc.weight" ? absl::StrCat(" (", m.A(), " auxiliary states of width ",
-                                                    m.config.target_hidden_size, ")")
-                                     : ""));
-        return;
-      }
-      *slot.slot = WrapView(*view).to(dtype);
-      consumed.insert(slot.name);
-    });
-    SW_RETURN_IF_ERROR(error);
-    if (!missing.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          missing.size(), " EAGLE-3 tensor(s) missing from ", dir, ": ",
-          absl::StrJoin(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 8),
-                        ", ")));
-    }
+    SW_RETURN_IF_ERROR(LoadDraftWeights(
+        *m.checkpoint, dir, "EAGLE-3", [&](const WeightVisitor& v) { m.ForEachWeight(v); },
+        dtype, consumed,
+        [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
+          if (slot.name != "fc.weight") return std::string();
+          return absl::StrCat("tensor \"fc.weight\" has shape ", got,
+                              " but config.json implies ", want, " (", m.A(),
+                              " auxiliary states of width ", m.config.target_hidden_size, ")");
+        }));
     // The embedding: the checkpoint's own (speculators saves it), else the target's.
     if (const TensorView* e = m.checkpoint->Find("embed_tokens.weight")) {
       if (!IsFloat(e->dtype) || e->shape != std::vector<int64_t>{V, m.H()}) {
