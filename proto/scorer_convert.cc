@@ -86,6 +86,9 @@ void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
     if (w.tau.mean_of_means_ci) set_interval(w.tau.mean_of_means_ci, o->mutable_tau_mean_of_means_ci());
     if (w.tau.pooled_ci) set_interval(w.tau.pooled_ci, o->mutable_tau_pooled_ci());
   }
+  out->set_tree_method(s.tree_method);
+  out->set_tree_depth(static_cast<uint32_t>(std::max(0, s.tree_depth)));
+  out->set_tree_top_k(static_cast<uint32_t>(std::max(0, s.tree_top_k)));
   for (const TemperatureSummary& t : s.temperature) {
     auto* o = out->add_temperature();
     o->mutable_setting()->set_temperature(t.setting.temperature);
@@ -145,6 +148,9 @@ AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
     t.alpha_blocks.assign(x.alpha_blocks().begin(), x.alpha_blocks().end());
     s.temperature.push_back(t);
   }
+  s.tree_method = p.tree_method();
+  s.tree_depth = static_cast<int32_t>(p.tree_depth());
+  s.tree_top_k = static_cast<int32_t>(p.tree_top_k());
   s.block_size = static_cast<int32_t>(p.block_size());
   s.responses = static_cast<int64_t>(p.responses());
   s.steps = static_cast<int64_t>(p.steps());
@@ -186,6 +192,8 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
       s.ddtree_budgets.push_back(static_cast<int32_t>(std::min<uint32_t>(b, INT32_MAX)));
     }
   }
+  s.tree_depth = static_cast<int32_t>(std::min<uint32_t>(r.tree_depth(), INT32_MAX));
+  s.tree_top_k = static_cast<int32_t>(std::min<uint32_t>(r.tree_top_k(), INT32_MAX));
   s.labels.drafter = r.drafter_label();
   s.labels.dataset = r.dataset_label();
   s.labels.method = r.method_label();
@@ -222,6 +230,8 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
   out->set_dataset_path(s.dataset_path);
   out->set_max_new_tokens(static_cast<uint32_t>(s.max_new_tokens));
   for (int32_t b : s.ddtree_budgets) out->add_ddtree_budgets(static_cast<uint32_t>(b));
+  out->set_tree_depth(static_cast<uint32_t>(std::max(0, s.tree_depth)));
+  out->set_tree_top_k(static_cast<uint32_t>(std::max(0, s.tree_top_k)));
   out->set_bootstrap_resamples(static_cast<uint32_t>(std::max(0, s.summary.bootstrap.resamples)));
   out->set_bootstrap_seed(s.summary.bootstrap.seed);
   out->set_chat_template_record(s.chat_template_record);

@@ -135,7 +135,7 @@ echo
 echo "reports: $OUT/report.json"
 echo "         $OUT/report.html"
 
-say "drafter families side by side: DFlash, DFlash2 (its selector's path) and EAGLE-3 (a chain)"
+say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path) and EAGLE-3 (a chain; EAGLE's top-k tree)"
 for family in dflash2 eagle3; do
   "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-$family" \
     --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
@@ -148,16 +148,21 @@ done
 import json, sys
 from pathlib import Path
 print(f"{'drafter':<20} {'method':<7} {'format':<12} {'drafts/step':>11} {'tau':>6} "
-      f"{'95% interval':>16} {'pooled':>7} {'steps':>6}")
+      f"{'95% interval':>16} {'pooled':>7} {'steps':>6}  {'tree (8 nodes)':<20}")
 for path in sys.argv[1:4]:
     r = json.load(open(path))
     s, labels = r["summary"], r["labels"]
     cfg = json.load(open(Path(sys.argv[4]) / labels["drafter"] / "config.json"))
     fmt = "speculators" if cfg.get("speculators_model_type") else "z-lab"
     ci = s.get("tau_mean_of_means_ci") or [float("nan")] * 2
+    # The tree each family verifies with: DDTree-8, EAGLE's top-k tree of 8 nodes, or none.
+    tree = s.get("tree", {}).get("method", "ddtree")
+    dd = s["ddtree_tau"].get("8")
+    name = {"ddtree": "DDTree-8", "eagle": "EAGLE-tree-8"}.get(tree, "")
+    cell = f"{name} {dd['tau_mean_of_means']:.3f}" if dd else "- (one path)"
     print(f"{labels['drafter']:<20} {labels['method']:<7} {fmt:<12} {s['block_size'] - 1:>11} "
           f"{s['tau_mean_of_means']:>6.3f} {f'[{ci[0]:.3f}, {ci[1]:.3f}]':>16} "
-          f"{s['tau_pooled']:>7.3f} {s['steps']:>6}")
+          f"{s['tau_pooled']:>7.3f} {s['steps']:>6}  {cell:<20}")
 EOF
 echo "reports: $OUT/report-dflash2.json $OUT/report-eagle3.json"
 

@@ -153,6 +153,10 @@ AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, in
   return s;
 }
 
+std::string TreeLabel(const std::string& method, int32_t budget) {
+  return absl::StrCat(method == kTreeEagle ? "EAGLE-tree-" : "DDTree-", budget);
+}
+
 absl::Status ValidateAcceptance(const std::vector<ResponseAcceptance>& responses,
                                 int32_t block_size) {
   if (block_size < 2) {
@@ -256,6 +260,7 @@ std::string AcceptanceSummaryToJson(const AcceptanceSummary& s) {
                            {"alpha_blocks", t.alpha_blocks}});
   }
   j["temperature"] = temperature;
+  j["tree"] = {{"method", s.tree_method}, {"depth", s.tree_depth}, {"top_k", s.tree_top_k}};
   return j.dump();
 }
 
@@ -348,6 +353,12 @@ absl::StatusOr<AcceptanceSummary> AcceptanceSummaryFromJson(const std::string& t
         t.alpha_blocks = v.value("alpha_blocks", std::vector<int64_t>{});
         s.temperature.push_back(t);
       }
+    }
+    key = "tree";
+    if (j.contains(key)) {
+      s.tree_method = j[key].at("method").get<std::string>();
+      s.tree_depth = j[key].value("depth", 0);
+      s.tree_top_k = j[key].value("top_k", 0);
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("summary.", key, ": ", e.what()));

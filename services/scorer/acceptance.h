@@ -36,6 +36,26 @@ struct SamplingSetting {
 inline constexpr const char* kRuleArgmaxDraft = "argmax_draft";
 inline constexpr const char* kRuleDraftDistribution = "draft_distribution";
 
+// The tree a job grows at each step, per node budget N (ScoreRequest.ddtree_budgets), as the
+// drafter's family verifies one: DFlash's DDTree-N over a block's parallel marginals, or EAGLE's
+// top-k tree (EAGLE-2's dynamic tree) for EAGLE-3 with total_tokens = N. DFlash2's selector walks
+// one path: it grows none.
+inline constexpr const char* kTreeDDTree = "ddtree";
+inline constexpr const char* kTreeEagle = "eagle";
+
+struct TreeSettings {
+  std::string method;            // kTreeDDTree | kTreeEagle | "" (no tree)
+  std::vector<int32_t> budgets;  // node budgets N
+  int32_t depth = 0;             // EAGLE: levels of drafts (≤ the chain's drafts); DDTree: 0
+  int32_t top_k = 0;             // EAGLE: children per expanded node; DDTree: 0
+  // EAGLE's default breadth (SGLang's speculative_eagle_topk for EAGLE-3 Llama drafters).
+  static constexpr int32_t kDefaultEagleTopK = 8;
+  static constexpr int32_t kMaxSetting = 64;  // depth and top-k at most
+};
+
+// A tree's name in tables and charts: "DDTree-8", "EAGLE-tree-8".
+std::string TreeLabel(const std::string& method, int32_t budget);
+
 // One response's teacher-forced acceptance at one setting under one rule (the proto's
 // TemperatureAcceptance says what it means).
 struct SampledAcceptance {
@@ -49,7 +69,8 @@ struct SampledAcceptance {
 // One response's replay.
 struct ResponseAcceptance {
   std::vector<int32_t> step_lengths;  // a + 1 per drafting step, in order
-  // DDTree-N: accepted path length + 1 per step, for each node budget N.
+  // The job's tree (TreeSettings: DDTree-N or EAGLE's top-k tree): accepted path length + 1 per
+  // step, for each node budget N.
   std::map<int32_t, std::vector<int32_t>> ddtree_step_lengths;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -100,6 +121,11 @@ struct AcceptanceSummary {
   // Teacher-forced acceptance at T > 0, per (setting, rule) in the order asked for.
   std::vector<TemperatureSummary> temperature;
   SummaryOptions options;  // what the intervals and windows were computed with
+  // The tree behind ddtree_tau (its budgets are the map's keys): set by the job, which knows
+  // the drafter; DDTree for summaries that do not say.
+  std::string tree_method = kTreeDDTree;
+  int32_t tree_depth = 0;
+  int32_t tree_top_k = 0;
 };
 
 // Every step length must lie in [1, block_size] (the replay guarantees it; see

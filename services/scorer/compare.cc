@@ -238,8 +238,20 @@ absl::StatusOr<ComparisonReport> CompareReports(ScoreReport a, ScoreReport b,
   std::set<int32_t> budgets_a, budgets_b;
   for (const auto& [k, v] : a.summary.ddtree_tau) budgets_a.insert(k);
   for (const auto& [k, v] : b.summary.ddtree_tau) budgets_b.insert(k);
+  const AcceptanceSummary &sa = a.summary, &sb = b.summary;
+  const bool same_tree = sa.tree_method == sb.tree_method && sa.tree_depth == sb.tree_depth &&
+                         sa.tree_top_k == sb.tree_top_k;
+  if (!same_tree && !budgets_a.empty() && !budgets_b.empty()) {
+    auto tree = [](const AcceptanceSummary& s) {
+      return s.tree_method == kTreeEagle
+                 ? absl::StrCat("EAGLE's tree (depth ", s.tree_depth, ", top-k ", s.tree_top_k, ")")
+                 : std::string("DDTree");
+    };
+    c.notes.push_back(absl::StrCat("tree budgets not paired: ", tree(sa), " against ", tree(sb),
+                                   " are different trees"));
+  }
   for (int32_t budget : budgets_a) {
-    if (!budgets_b.count(budget)) continue;
+    if (!same_tree || !budgets_b.count(budget)) continue;
     BootstrapOptions o = bootstrap;
     o.seed += static_cast<uint64_t>(budget) << 32;
     c.ddtree[budget] = ComparePaired(lists(pa, budget), lists(pb, budget), o);
@@ -338,7 +350,8 @@ std::string ComparisonTable(const ComparisonReport& c) {
   row("tau (mean of means)", p.tau_a, p.tau_b, p.delta, p.delta_ci, Verdict(p));
   row("tau (pooled)", p.pooled_a, p.pooled_b, p.delta_pooled, p.delta_pooled_ci, "");
   for (const auto& [b, d] : c.ddtree) {
-    row(absl::StrCat("DDTree-", b, " tau"), d.tau_a, d.tau_b, d.delta, d.delta_ci, Verdict(d));
+    row(absl::StrCat(TreeLabel(c.a.summary.tree_method, b), " tau"), d.tau_a, d.tau_b, d.delta,
+        d.delta_ci, Verdict(d));
   }
   for (const WindowComparison& w : c.windows) {
     row(absl::StrCat("tokens ", w.first_token, "-", w.last_token), w.paired.tau_a, w.paired.tau_b,
@@ -411,7 +424,7 @@ std::string PairedDeltaSvg(const ComparisonReport& c) {
     const PairedComparison* p;
   };
   std::vector<Row> rows{{"DFlash τ", &c.dflash}};
-  for (const auto& [b, p] : c.ddtree) rows.push_back({absl::StrCat("DDTree-", b), &p});
+  for (const auto& [b, p] : c.ddtree) rows.push_back({TreeLabel(c.a.summary.tree_method, b), &p});
   for (const WindowComparison& w : c.windows) {
     rows.push_back({absl::StrCat("tokens ", w.first_token, "-", w.last_token), &w.paired});
   }
@@ -495,7 +508,8 @@ std::string ComparisonToHtml(const ComparisonReport& c) {
   row("τ (mean of means)", p.tau_a, p.tau_b, p.delta, p.delta_ci, Verdict(p));
   row("τ (pooled)", p.pooled_a, p.pooled_b, p.delta_pooled, p.delta_pooled_ci, "");
   for (const auto& [b, d] : c.ddtree) {
-    row(absl::StrCat("DDTree-", b, " τ"), d.tau_a, d.tau_b, d.delta, d.delta_ci, Verdict(d));
+    row(absl::StrCat(TreeLabel(c.a.summary.tree_method, b), " τ"), d.tau_a, d.tau_b, d.delta,
+        d.delta_ci, Verdict(d));
   }
   for (const WindowComparison& w : c.windows) {
     row(absl::StrCat("τ, completion tokens ", w.first_token, "–", w.last_token), w.paired.tau_a,

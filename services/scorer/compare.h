@@ -29,7 +29,8 @@ struct ComparisonReport {
   std::string name_a, name_b;  // labels shown (drafter labels, else the paths)
   BootstrapOptions bootstrap;
   PairedComparison dflash;
-  std::map<int32_t, PairedComparison> ddtree;  // budgets both reports scored
+  // Budgets both reports scored with the same tree (summary.tree_method, depth, top-k).
+  std::map<int32_t, PairedComparison> ddtree;
   std::vector<WindowComparison> windows;
   std::vector<int64_t> prompt_indices;  // the paired prompts, in order
   std::vector<std::string> notes;       // what was left out and why

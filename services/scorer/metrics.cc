@@ -46,7 +46,8 @@ ScorerMetrics::ScorerMetrics()
       ddtree_mean_acceptance_length_(
           prometheus::BuildGauge()
               .Name("specwire_spec_decode_ddtree_mean_acceptance_length")
-              .Help("DDTree-N acceptance length tau per node budget of the latest job")
+              .Help("Tree acceptance length tau per node budget of the latest job (DDTree-N; "
+                    "EAGLE's top-k tree for method eagle3)")
               .Register(*registry_)),
       requests_(prometheus::BuildCounter()
                     .Name("specwire_scorer_requests_total")

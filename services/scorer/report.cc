@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -223,7 +224,14 @@ std::string SettingsText(const ScoreReport& r) {
 CapacityPlan ReportCapacity(const ScoreReport& r) {
   std::map<int32_t, double> pooled;
   for (const auto& [b, tau] : r.summary.ddtree_tau) pooled[b] = tau.second;
-  return PlanCapacity(r.summary.steps, r.summary.num_accepted_tokens_per_pos, pooled, r.capacity);
+  // EAGLE-3 drafts autoregressively: one drafter forward per chain draft, and per tree level.
+  CapacityOptions options = r.capacity;
+  const bool eagle = r.drafter.method == "eagle3" || r.summary.tree_method == kTreeEagle;
+  if (eagle) options.autoregressive = true;
+  const int32_t tree_forwards =
+      r.summary.tree_method == kTreeEagle ? std::max(1, r.summary.tree_depth) : 1;
+  return PlanCapacity(r.summary.steps, r.summary.num_accepted_tokens_per_pos, pooled, options,
+                      tree_forwards);
 }
 
 std::string PerPositionSvg(const AcceptanceSummary& s) {
@@ -296,7 +304,10 @@ std::string TauHistogramSvg(const AcceptanceSummary& s) {
 }
 
 std::string DDTreeCurveSvg(const AcceptanceSummary& s) {
-  const std::string title = "DDTree-N: τ by node budget";
+  const std::string title = s.tree_method == kTreeEagle
+                                ? absl::StrCat("EAGLE tree (depth ", s.tree_depth, ", top-k ",
+                                               s.tree_top_k, "): τ by node budget")
+                                : "DDTree-N: τ by node budget";
   std::string out = SvgOpen("ddtree-budget-curve", title);
   double y_max = std::max(1.0, s.tau_mean_of_means);
   for (const auto& [b, tau] : s.ddtree_tau) y_max = std::max({y_max, tau.first, tau.second});
@@ -309,12 +320,12 @@ std::string DDTreeCurveSvg(const AcceptanceSummary& s) {
                   "\" y1=\"", Fixed(yd, 1), "\" y2=\"", Fixed(yd, 1),
                   "\" stroke=\"#888888\" stroke-dasharray=\"6 4\"/>\n<text x=\"", kLeft + 6,
                   "\" y=\"", Fixed(yd - 5, 1),
-                  "\" text-anchor=\"start\" font-size=\"11\" fill=\"#555555\">DFlash τ ",
+                  "\" text-anchor=\"start\" font-size=\"11\" fill=\"#555555\">chain τ ",
                   Fixed(s.tau_mean_of_means, 2), "</text>\n");
   if (s.ddtree_tau.empty()) {
     absl::StrAppend(
         &out, "<text x=\"", kLeft + kPlotW / 2, "\" y=\"", kTop + kPlotH / 2,
-        "\" text-anchor=\"middle\" font-size=\"12\">no DDTree budgets scored</text>\n</svg>\n");
+        "\" text-anchor=\"middle\" font-size=\"12\">no tree budgets scored</text>\n</svg>\n");
     return out;
   }
   const double lo = std::log2(static_cast<double>(s.ddtree_tau.begin()->first));
@@ -335,7 +346,8 @@ std::string DDTreeCurveSvg(const AcceptanceSummary& s) {
     const double x = x_of(b), y = y_of(tau.first);
     absl::StrAppend(
         &out, "<circle class=\"point\" cx=\"", Fixed(x, 1), "\" cy=\"", Fixed(y, 1),
-        "\" r=\"4\" fill=\"#54a24b\"><title>DDTree-", b, ": τ ", Fixed(tau.first, 3), " (pooled ",
+        "\" r=\"4\" fill=\"#54a24b\"><title>", TreeLabel(s.tree_method, b), ": τ ",
+        Fixed(tau.first, 3), " (pooled ",
         Fixed(tau.second, 3), ")</title></circle>\n<text x=\"", Fixed(x, 1), "\" y=\"",
         kTop + kPlotH + 14, "\" text-anchor=\"middle\" font-size=\"11\">", b, "</text>\n<text x=\"",
         Fixed(x, 1), "\" y=\"", Fixed(y - 8, 1), "\" text-anchor=\"middle\" font-size=\"11\">",
@@ -441,7 +453,7 @@ std::string SummaryTable(const ScoreReport& r) {
   for (const auto& [b, tau] : s.ddtree_tau) {
     auto ci = s.ddtree_tau_ci.find(b);
     const bool has = ci != s.ddtree_tau_ci.end();
-    row(absl::StrCat("DDTree-", b, " tau"),
+    row(absl::StrCat(TreeLabel(s.tree_method, b), " tau"),
         absl::StrCat(Fixed(tau.first, 3), has ? IntervalText(ci->second.first, 3) : "",
                      "  (pooled ", Fixed(tau.second, 3),
                      has ? IntervalText(ci->second.second, 3) : "", ")"));
@@ -542,9 +554,11 @@ std::string ReportToHtml(const ScoreReport& r) {
     auto ci = s.ddtree_tau_ci.find(b);
     const bool has = ci != s.ddtree_tau_ci.end();
     absl::StrAppend(&h,
-                    kci(absl::StrCat("DDTree-", b, " τ (mean of means)"), Fixed(tau.first, 4),
+                    kci(absl::StrCat(TreeLabel(s.tree_method, b), " τ (mean of means)"),
+                        Fixed(tau.first, 4),
                         has ? ci->second.first : std::nullopt),
-                    kci(absl::StrCat("DDTree-", b, " τ (pooled)"), Fixed(tau.second, 4),
+                    kci(absl::StrCat(TreeLabel(s.tree_method, b), " τ (pooled)"),
+                        Fixed(tau.second, 4),
                         has ? ci->second.second : std::nullopt));
   }
   for (const TemperatureSummary& x : s.temperature) {
@@ -572,7 +586,8 @@ std::string ReportToHtml(const ScoreReport& r) {
                   "<figcaption>Steps by committed tokens (accepted drafts + the bonus "
                   "token).</figcaption>\n</figure>\n",
                   "<figure>\n", DDTreeCurveSvg(s),
-                  "<figcaption>DDTree-N τ (mean of means) per node budget; dashed: DFlash "
+                  "<figcaption>", s.tree_method == kTreeEagle ? "EAGLE's top-k tree" : "DDTree-N",
+                  " τ (mean of means) per node budget; dashed: the chain's "
                   "τ.</figcaption>\n</figure>\n",
                   "</section>\n");
 
@@ -675,7 +690,8 @@ std::string ReportToHtml(const ScoreReport& r) {
                     "</td></tr>\n");
   }
   for (const CapacityRow& row : plan.tree_budgets) {
-    absl::StrAppend(&h, "<tr><td class=\"num\">DDTree-", row.k, "</td><td class=\"num\">",
+    absl::StrAppend(&h, "<tr><td class=\"num\">", TreeLabel(s.tree_method, row.k),
+                    "</td><td class=\"num\">",
                     Fixed(row.expected_tokens, 4), "</td><td class=\"num\">",
                     Fixed(row.step_cost, 4), "</td><td class=\"num\">", Fixed(row.speedup, 4),
                     "</td></tr>\n");
@@ -716,7 +732,14 @@ std::string ReportToHtml(const ScoreReport& r) {
       &h,
       "<section id=\"prompts\">\n<h2>Prompts</h2>\n<table>\n<tr><th>#</th><th>prompt tokens</th>",
       "<th>completion tokens</th><th>finish</th><th>τ</th><th>steps</th>");
-  for (int32_t b : r.ddtree_budgets) absl::StrAppend(&h, "<th>DDTree-", b, " τ</th>");
+  // The budgets the prompts were scored with (none for a family without a tree).
+  std::set<int32_t> budgets;
+  for (const PromptScore& p : r.prompts) {
+    for (const auto& [b, lengths] : p.acceptance.ddtree_step_lengths) budgets.insert(b);
+  }
+  for (int32_t b : budgets) {
+    absl::StrAppend(&h, "<th>", TreeLabel(r.summary.tree_method, b), " τ</th>");
+  }
   absl::StrAppend(&h, "<th>step lengths</th></tr>\n");
   for (const PromptScore& p : r.prompts) {
     absl::StrAppend(&h, "<tr><td class=\"num\">", p.prompt_index, "</td><td class=\"num\">",
@@ -726,7 +749,7 @@ std::string ReportToHtml(const ScoreReport& r) {
                     p.acceptance.step_lengths.empty() ? "no steps" : Fixed(p.tau, 3),
                     "</td><td class=\"num\">",
                     p.acceptance.step_lengths.size(), "</td>");
-    for (int32_t b : r.ddtree_budgets) {
+    for (int32_t b : budgets) {
       auto it = p.acceptance.ddtree_step_lengths.find(b);
       absl::StrAppend(
           &h, "<td class=\"num\">",

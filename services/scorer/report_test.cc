@@ -100,7 +100,7 @@ TEST(ReportHtml, EmptyJobRenders) {
   r.summary = Summarize({}, 16);
   const std::string html = ReportToHtml(r);
   EXPECT_EQ(Count(html, "<svg "), 3u);
-  EXPECT_NE(html.find("no DDTree budgets scored"), std::string::npos);
+  EXPECT_NE(html.find("no tree budgets scored"), std::string::npos);
   EXPECT_EQ(html.find("nan"), std::string::npos);
   EXPECT_EQ(html.find("inf"), std::string::npos);
 }
@@ -137,6 +137,42 @@ TEST(SummaryTable, TauDDTreeAndPositions) {
   EXPECT_NE(t.find("pos  1"), std::string::npos);
   EXPECT_NE(t.find("pos  3"), std::string::npos);
   EXPECT_EQ(t.find("pos  4"), std::string::npos);
+}
+
+// An EAGLE-3 job's budgets are EAGLE's top-k tree: named so in every table and chart, carried
+// through the JSON summary, and costed at one drafter forward per level.
+TEST(Report, EagleTreeIsNamedAndCosted) {
+  ScoreReport r = SampleReport();
+  r.drafter.method = "eagle3";
+  r.summary.tree_method = kTreeEagle;
+  r.summary.tree_depth = 3;
+  r.summary.tree_top_k = 2;
+  const std::string t = SummaryTable(r);
+  EXPECT_NE(t.find("EAGLE-tree-4 tau"), std::string::npos) << t;
+  EXPECT_EQ(t.find("DDTree"), std::string::npos) << t;
+  const std::string html = ReportToHtml(r);
+  EXPECT_NE(html.find("EAGLE tree (depth 3, top-k 2): τ by node budget"), std::string::npos);
+  EXPECT_NE(html.find("<th>EAGLE-tree-16 τ</th>"), std::string::npos);
+  EXPECT_EQ(html.find("DDTree-"), std::string::npos);
+  auto back = AcceptanceSummaryFromJson(AcceptanceSummaryToJson(r.summary));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tree_method, kTreeEagle);
+  EXPECT_EQ(back->tree_depth, 3);
+  EXPECT_EQ(back->tree_top_k, 2);
+  // Chains and trees of an autoregressive drafter: k drafts cost k drafter forwards, a tree its
+  // depth, whatever --plan_autoregressive says.
+  const CapacityPlan plan = ReportCapacity(r);
+  ASSERT_EQ(plan.draft_lengths.size(), 3u);
+  EXPECT_TRUE(plan.options.autoregressive);
+  EXPECT_DOUBLE_EQ(plan.draft_lengths[2].step_cost, 1 + 0.01 * 3 + 0.1 * 3);
+  ASSERT_EQ(plan.tree_budgets.size(), 2u);
+  EXPECT_DOUBLE_EQ(plan.tree_budgets[1].step_cost, 1 + 0.01 * 16 + 0.1 * 3);
+  // A summary written before trees were named reads as DDTree.
+  nlohmann::json j = nlohmann::json::parse(AcceptanceSummaryToJson(SampleReport().summary));
+  j.erase("tree");
+  auto old = AcceptanceSummaryFromJson(j.dump());
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->tree_method, kTreeDDTree);
 }
 
 // A response whose first completion token is a stop token has no steps: no τ (null, "no steps"),

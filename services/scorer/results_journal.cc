@@ -204,6 +204,10 @@ std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
   d.UpdateField(drafter.device);
   d.UpdateField(absl::StrCat(spec.max_new_tokens));
   d.UpdateField(absl::StrJoin(spec.ddtree_budgets, ","));
+  // EAGLE's tree settings (a job without them keeps the key it had before they existed).
+  if (spec.tree_depth != 0 || spec.tree_top_k != 0) {
+    d.UpdateField(absl::StrCat("tree:", spec.tree_depth, ":", spec.tree_top_k));
+  }
   d.UpdateField(spec.chat_template_record);
   for (const SamplingSetting& x : spec.sampling) {
     d.UpdateField(absl::StrCat("sampling:", x.temperature, ":", x.top_p, ":", x.top_k));

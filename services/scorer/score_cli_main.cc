@@ -66,7 +66,12 @@ ABSL_FLAG(std::string, text, "", "One inline text prompt (tokenized by the extra
 ABSL_FLAG(int64_t, max_prompts, 0, "Score the first N prompts only (0: all).");
 ABSL_FLAG(int64_t, max_new_tokens, 256,
           "Greedy completion budget per prompt (dflash's max_new_tokens).");
-ABSL_FLAG(std::string, ddtree, "8", "DDTree node budgets, comma-separated.");
+ABSL_FLAG(std::string, ddtree, "8",
+          "Tree node budgets, comma-separated: DDTree-N for DFlash, EAGLE's top-k tree "
+          "(total_tokens) for EAGLE-3.");
+ABSL_FLAG(int32_t, tree_depth, 0,
+          "EAGLE-3: levels of EAGLE's tree (0: the drafter's whole chain).");
+ABSL_FLAG(int32_t, tree_top_k, 0, "EAGLE-3: children per expanded node of EAGLE's tree (0: 8).");
 ABSL_FLAG(std::string, drafter_label, "",
           "Metric/report label (default: the drafter directory's name).");
 ABSL_FLAG(std::string, dataset_label, "",
@@ -241,6 +246,8 @@ absl::StatusOr<ScoreSpec> SpecFromFlags(const std::string& drafter) {
     }
     s.ddtree_budgets.push_back(static_cast<int32_t>(b));
   }
+  s.tree_depth = absl::GetFlag(FLAGS_tree_depth);
+  s.tree_top_k = absl::GetFlag(FLAGS_tree_top_k);
   s.labels.drafter = absl::GetFlag(FLAGS_drafter_label);
   s.labels.dataset = absl::GetFlag(FLAGS_dataset_label);
   s.labels.method = absl::GetFlag(FLAGS_method_label);
@@ -624,7 +631,8 @@ int main(int argc, char** argv) {
       "--prompts_file F | --tokens IDS | --text T) [flags]\n"
       "specwire-score --extractor ADDR --watch_dir DIR --eval_sets SETS [flags]\n"
       "specwire-score --compare A B [--extractor ADDR | --scorer ADDR] [flags]\n"
-      "Scores a DFlash drafter (τ, per-position acceptance, DDTree-N) and writes JSON / HTML "
+      "Scores a drafter (DFlash, DFlash2, EAGLE-3: τ, per-position acceptance, tree τ per node "
+      "budget) and writes JSON / HTML "
       "reports; with --watch_dir, every checkpoint appearing in DIR.");
   absl::Status s = specwire::Run(args);
   if (!s.ok()) {

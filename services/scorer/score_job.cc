@@ -68,6 +68,8 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   // job names a method.
   SW_ASSIGN_OR_RETURN(const DrafterSpec drafter, LoadCheckedDrafter(spec, target.contract));
   if (spec.labels.method.empty()) spec.labels.method = drafter.method;
+  SW_ASSIGN_OR_RETURN(const TreeSettings trees,
+                      ResolveTrees(spec, drafter.method, drafter.block_size));
   // 3. Prompts, 4. the target head.
   std::string template_record;
   SW_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> prompts,
@@ -87,17 +89,24 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   start.chat_template_record = template_record;
   start.drafter = drafter;
   start.labels = spec.labels;
+  start.trees = trees;
   start.prompts_total = static_cast<int64_t>(prompts.size());
   for (ExtractorEndpoint* e : target.endpoints) start.extractors.push_back(e->address());
   if (events.on_start) events.on_start(start);
   Tally tally(start.prompts_total, events);
   tally.ReportProgress();
   SW_RETURN_IF_ERROR(
-      ReplayTrajectories(spec, target, drafter, prompts, journal.get(), tally, cancelled));
+      ReplayTrajectories(spec, trees, target, drafter, prompts, journal.get(), tally, cancelled));
 
   // 6. The summary, over the prompts in index order.
   SW_RETURN_IF_ERROR(ValidateAcceptance(tally.results(), drafter.block_size));
-  if (events.on_summary) events.on_summary(Summarize(tally.results(), drafter.block_size, spec.summary));
+  if (events.on_summary) {
+    AcceptanceSummary summary = Summarize(tally.results(), drafter.block_size, spec.summary);
+    summary.tree_method = trees.method;
+    summary.tree_depth = trees.depth;
+    summary.tree_top_k = trees.top_k;
+    events.on_summary(summary);
+  }
   return absl::OkStatus();
 }
 
@@ -133,7 +142,8 @@ absl::StatusOr<std::unique_ptr<ResultsJournal>> ScoreRunner::OpenJournal(
   return journal;
 }
 
-absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const ConnectedTarget& target,
+absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const TreeSettings& trees,
+                                             const ConnectedTarget& target,
                                              const DrafterSpec& drafter,
                                              const std::vector<std::vector<int64_t>>& prompts,
                                              ResultsJournal* journal, Tally& tally,
@@ -166,7 +176,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const Connec
     if (!item) continue;
     SW_RETURN_IF_ERROR(item->trajectory.status());
     const Trajectory& trajectory = *item->trajectory;
-    auto replayed = backend_->Replay(trajectory, spec.ddtree_budgets, spec.sampling);
+    auto replayed = backend_->Replay(trajectory, trees, spec.sampling);
     if (!replayed.ok()) {
       return Annotate(replayed.status(), absl::StrCat("prompt ", item->index));
     }

@@ -50,6 +50,7 @@ struct ScoreStart {
   ExtractionContract contract;
   DrafterSpec drafter;
   ScoreLabels labels;  // defaults filled
+  TreeSettings trees;  // resolved for the drafter (ResolveTrees)
   int64_t prompts_total = 0;
   std::vector<std::string> extractors;  // addresses
   std::string chat_template_record;     // canonical, "" when the prompts carry none
@@ -97,7 +98,8 @@ class ScoreRunner {
   absl::StatusOr<std::unique_ptr<ResultsJournal>> OpenJournal(
       const ScoreSpec& spec, const ExtractionContract& contract, const DrafterSpec& drafter,
       const std::vector<std::vector<int64_t>>& prompts);
-  absl::Status ReplayTrajectories(const ScoreSpec& spec, const ConnectedTarget& target,
+  absl::Status ReplayTrajectories(const ScoreSpec& spec, const TreeSettings& trees,
+                                  const ConnectedTarget& target,
                                   const DrafterSpec& drafter,
                                   const std::vector<std::vector<int64_t>>& prompts,
                                   ResultsJournal* journal, Tally& tally,

@@ -354,6 +354,85 @@ TEST(ScoreRunner, EventsInOrderAndASummaryOverAllPrompts) {
   EXPECT_EQ(backend.head_shape, (std::vector<int64_t>{16, 4}));
 }
 
+TEST(ResolveTrees, EachFamilyItsTree) {
+  ScoreSpec s;
+  s.ddtree_budgets = {8, 32};
+  auto dd = ResolveTrees(s, "dflash", 16);
+  ASSERT_TRUE(dd.ok()) << dd.status();
+  EXPECT_EQ(dd->method, kTreeDDTree);
+  EXPECT_EQ(dd->budgets, (std::vector<int32_t>{8, 32}));
+  EXPECT_EQ(dd->depth, 0);
+  EXPECT_EQ(dd->top_k, 0);
+  // DFlash2's selector walks one path: no tree, whatever the job's budgets.
+  auto d2 = ResolveTrees(s, "dflash2", 16);
+  ASSERT_TRUE(d2.ok());
+  EXPECT_EQ(d2->method, "");
+  EXPECT_TRUE(d2->budgets.empty());
+  // EAGLE-3: the chain's depth and top-k 8 unless the job says.
+  auto e = ResolveTrees(s, "eagle3", 6);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->method, kTreeEagle);
+  EXPECT_EQ(e->depth, 5);
+  EXPECT_EQ(e->top_k, TreeSettings::kDefaultEagleTopK);
+  s.tree_depth = 3;
+  s.tree_top_k = 4;
+  e = ResolveTrees(s, "eagle3", 6);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->depth, 3);
+  EXPECT_EQ(e->top_k, 4);
+  s.tree_depth = 6;
+  e = ResolveTrees(s, "eagle3", 6);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("tree_depth: 6"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("chain of 5 drafts"), std::string::npos);
+  // A DFlash job ignores EAGLE's settings (one job may score drafters of both families).
+  EXPECT_TRUE(ResolveTrees(s, "dflash", 16).ok());
+}
+
+TEST(ValidateSpec, TreeSettings) {
+  ScoreSpec s;
+  s.drafter_path = "/d";
+  s.prompts = {InputSequence::Tokens({1})};
+  for (int32_t v : {0, 1, 64}) {
+    s.tree_depth = v;
+    s.tree_top_k = v;
+    EXPECT_TRUE(ValidateSpec(s, {}).ok()) << v;
+  }
+  s.tree_depth = 65;
+  s.tree_top_k = 1;
+  EXPECT_NE(ValidateSpec(s, {}).message().find("tree_depth: 65"), std::string::npos);
+  s.tree_depth = 1;
+  s.tree_top_k = -1;
+  EXPECT_NE(ValidateSpec(s, {}).message().find("tree_top_k: -1"), std::string::npos);
+}
+
+TEST(ScoreRunner, EagleDrafterGrowsEaglesTree) {
+  auto pool = ExtractorPool::FromEndpoints(Endpoints(1, nullptr));
+  DrafterSpec d = FakeDrafter();
+  d.method = "eagle3";
+  FakeBackend backend(d);
+  ScoreRunner runner(&backend, pool.get(), {});
+  Recorded r;
+  std::atomic<bool> cancelled{false};
+  ScoreSpec spec = FiveTokenPrompts();
+  spec.tree_top_k = 3;
+  ASSERT_TRUE(runner.Run(spec, Record(r), cancelled).ok());
+  EXPECT_EQ(backend.last_trees.method, kTreeEagle);
+  EXPECT_EQ(backend.last_trees.budgets, (std::vector<int32_t>{4, 8}));
+  EXPECT_EQ(backend.last_trees.depth, d.block_size - 1);
+  EXPECT_EQ(backend.last_trees.top_k, 3);
+  EXPECT_EQ(r.summary.tree_method, kTreeEagle);
+  EXPECT_EQ(r.summary.tree_depth, d.block_size - 1);
+  EXPECT_EQ(r.summary.tree_top_k, 3);
+  EXPECT_EQ(r.summary.ddtree_tau.size(), 2u);
+  EXPECT_EQ(r.start.labels.method, "eagle3");
+  // Deeper than the chain: refused before any prompt is fetched.
+  spec.tree_depth = d.block_size;
+  absl::Status s = runner.Run(spec, Record(r), cancelled);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tree_depth"), std::string::npos) << s;
+}
+
 TEST(ScoreRunner, SeveralExtractorsShareThePromptsAndGiveTheSameSummary) {
   FakeBackend b1, b3;
   auto one = ExtractorPool::FromEndpoints(Endpoints(1, nullptr));

@@ -119,6 +119,13 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
                                                      "] (--max_ddtree_budget)"));
     }
   }
+  for (const auto& [field, v] : {std::pair<const char*, int32_t>{"tree_depth", spec.tree_depth},
+                                  {"tree_top_k", spec.tree_top_k}}) {
+    if (v < 0 || v > TreeSettings::kMaxSetting) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", v, " is outside [1, ",
+                                                     TreeSettings::kMaxSetting, "] (0: the default)"));
+    }
+  }
   if (!o.data_root.empty()) {
     std::error_code ec;
     const fs::path root = fs::weakly_canonical(o.data_root, ec);
@@ -135,6 +142,27 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<TreeSettings> ResolveTrees(const ScoreSpec& spec, const std::string& method,
+                                          int32_t block_size) {
+  TreeSettings t;
+  if (method == "dflash2") return t;  // its selector walks one path
+  t.budgets = spec.ddtree_budgets;
+  if (method != "eagle3") {
+    t.method = kTreeDDTree;
+    return t;
+  }
+  t.method = kTreeEagle;
+  const int32_t chain = block_size - 1;
+  t.depth = spec.tree_depth > 0 ? spec.tree_depth : chain;
+  if (t.depth > chain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tree_depth: ", spec.tree_depth, " levels exceed the drafter's chain of ", chain,
+        " drafts (block_size ", block_size, "); at most ", chain));
+  }
+  t.top_k = spec.tree_top_k > 0 ? spec.tree_top_k : TreeSettings::kDefaultEagleTopK;
+  return t;
 }
 
 ScoreLabels ResolveLabels(const ScoreSpec& spec) {

@@ -32,7 +32,11 @@ struct ScoreSpec {
   std::string dataset_path;            // or a JSONL file: {"prompt": str} | {"input_ids": [int]}
   int64_t max_prompts = 0;             // 0: all
   int64_t max_new_tokens = 256;
-  std::vector<int32_t> ddtree_budgets = {8};
+  std::vector<int32_t> ddtree_budgets = {8};  // node budgets of the family's tree
+  // EAGLE's top-k tree (EAGLE-3 drafters; TreeSettings): levels (0: the drafter's whole chain)
+  // and breadth (0: TreeSettings::kDefaultEagleTopK).
+  int32_t tree_depth = 0;
+  int32_t tree_top_k = 0;
   ScoreLabels labels;
   bool add_special_tokens = false;  // for text prompts
   // Names the job for resumption (ScoreRequest.job_id): with a results journal, a job
@@ -59,6 +63,12 @@ absl::StatusOr<std::string> CanonicalTemplateRecord(const std::string& json_text
 // prepared with (specwire_training.json: {"chat_template": {...}}) and `record` (canonical,
 // non-empty) differs from it, naming both.
 absl::Status CheckTemplateRecord(const std::string& drafter_dir, const std::string& record);
+
+// The tree the job's budgets grow for a drafter of `method` with chains of block_size − 1
+// drafts: DDTree for DFlash, EAGLE's top-k tree for EAGLE-3 (depth and top-k resolved), none
+// for DFlash2. INVALID_ARGUMENT naming tree_depth when it exceeds the drafter's chain.
+absl::StatusOr<TreeSettings> ResolveTrees(const ScoreSpec& spec, const std::string& method,
+                                          int32_t block_size);
 
 // The labels with defaults filled: the drafter directory's name, the dataset file's stem or
 // "inline", "dflash".

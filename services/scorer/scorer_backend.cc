@@ -143,8 +143,7 @@ class TorchScorerBackend : public ScorerBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
-                                            const std::vector<int32_t>& budgets,
+  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t, const TreeSettings& trees,
                                             const std::vector<SamplingSetting>& sampling) override {
     if (!drafter_ && !eagle3_) return absl::FailedPreconditionError("no drafter loaded");
     if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
@@ -194,14 +193,27 @@ class TorchScorerBackend : public ScorerBackend {
       // extract_context_feature); cat copies, so the wire bytes may go after this.
       at::Tensor features = at::cat(parts, -1).to(device_, dtype_);
       ReplayOptions options;
-      options.ddtree_budgets = budgets;
       options.max_length = t.max_length;
+      // DDTree reads a DFlash block's parallel marginals (ResolveTrees gives DFlash2 no tree).
+      if (trees.method == kTreeDDTree) options.ddtree_budgets = trees.budgets;
+      else options.ddtree_budgets.clear();
       std::unique_ptr<BlockDrafter> block =
           drafter_ ? MakeBlockDrafter(drafter_.get()) : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
-      // DDTree reads a DFlash block's parallel marginals: not EAGLE-3's chain, nor DFlash2's path.
-      if (eagle3_ || spec_.method == "dflash2") options.ddtree_budgets.clear();
       AcceptanceReplay replay(block.get());
       out = replay.Run(t.tokens, features, t.prompt_len, options);
+      // EAGLE's top-k tree: its own loop per budget (each step advances by the tree's
+      // acceptance), as specwire-replay eagle3-replay --tree replays it.
+      if (trees.method == kTreeEagle && eagle3_) {
+        ReplayOptions tree_options = options;
+        tree_options.ddtree_budgets.clear();
+        for (int32_t budget : trees.budgets) {
+          std::unique_ptr<BlockDrafter> tree = MakeTreeBlockDrafter(
+              eagle3_.get(), Eagle3TreeOptions{trees.depth, trees.top_k, budget});
+          out.ddtree_step_lengths[budget] =
+              AcceptanceReplay(tree.get()).Run(t.tokens, features, t.prompt_len, tree_options)
+                  .step_lengths;
+        }
+      }
       if (!sampling.empty()) {
         const FeatureState& f = *t.final_norm;
         at::Tensor normed = Borrow(f.bytes, {f.rows, f.hidden}, f.dtype).to(device_, dtype_);

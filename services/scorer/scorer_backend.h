@@ -102,11 +102,12 @@ class ScorerBackend {
   // Copies the head (converted to the drafter's dtype and device); every drafter gets it at its
   // first Replay (INVALID_ARGUMENT there when the shapes do not fit the drafter).
   virtual absl::Status SetTargetHead(const TargetHead& head) = 0;
-  // The DFlash and DDTree-N replay of one trajectory with the current drafter and head (an
-  // EAGLE-3 drafter: its chain replay; DDTree budgets do not apply to chains), and the
-  // teacher-forced acceptance at each sampling setting (needs trajectory.final_norm).
+  // The replay of one trajectory with the current drafter and head: its chain (DFlash's block,
+  // DFlash2's path, EAGLE-3's chain), each tree budget's replay (`trees`, resolved for this
+  // drafter by ResolveTrees), and the teacher-forced acceptance at each sampling setting (needs
+  // trajectory.final_norm).
   virtual absl::StatusOr<ResponseAcceptance> Replay(
-      const Trajectory& trajectory, const std::vector<int32_t>& ddtree_budgets,
+      const Trajectory& trajectory, const TreeSettings& trees,
       const std::vector<SamplingSetting>& sampling) = 0;
 };
 

@@ -163,7 +163,7 @@ class FakeBackend : public ScorerBackend {
     return absl::OkStatus();
   }
   absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
-                                            const std::vector<int32_t>& budgets,
+                                            const TreeSettings& trees,
                                             const std::vector<SamplingSetting>& sampling) override {
     ++replays;
     last_states = t.states.size();
@@ -181,7 +181,8 @@ class FakeBackend : public ScorerBackend {
       return out;
     };
     r.step_lengths = run(0);
-    for (int32_t b : budgets) r.ddtree_step_lengths[b] = run(b > 4 ? 1 : 0);
+    last_trees = trees;
+    for (int32_t b : trees.budgets) r.ddtree_step_lengths[b] = run(b > 4 ? 1 : 0);
     // Teacher-forced stand-in: τ_prob of a block is its greedy length scaled by 1 / (1 + T).
     for (const SamplingSetting& x : sampling) {
       for (const char* rule : {kRuleArgmaxDraft, kRuleDraftDistribution}) {
@@ -197,6 +198,7 @@ class FakeBackend : public ScorerBackend {
     return r;
   }
 
+  TreeSettings last_trees;
   std::atomic<int> loads{0};
   std::atomic<int> replays{0};
   int heads_set = 0;

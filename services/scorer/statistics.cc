@@ -206,7 +206,7 @@ std::vector<TokenWindow> TauByTokenWindow(const std::vector<const std::vector<in
 
 CapacityPlan PlanCapacity(int64_t steps, const std::vector<int64_t>& accepted_per_pos,
                           const std::map<int32_t, double>& ddtree_pooled,
-                          const CapacityOptions& options) {
+                          const CapacityOptions& options, int32_t tree_drafter_forwards) {
   CapacityPlan p;
   p.options = options;
   if (steps <= 0) return p;
@@ -228,7 +228,7 @@ CapacityPlan PlanCapacity(int64_t steps, const std::vector<int64_t>& accepted_pe
     }
   }
   for (const auto& [budget, tau] : ddtree_pooled) {
-    CapacityRow row{budget, tau, cost(budget, 1), 0};
+    CapacityRow row{budget, tau, cost(budget, tree_drafter_forwards), 0};
     row.speedup = row.step_cost > 0 ? row.expected_tokens / row.step_cost : 0;
     p.tree_budgets.push_back(row);
   }

@@ -129,16 +129,18 @@ struct CapacityPlan {
   CapacityOptions options;
   std::vector<double> unconditional;  // P(a ≥ i), i = 1..B−1
   std::vector<CapacityRow> draft_lengths;  // k = 1..B−1
-  std::vector<CapacityRow> tree_budgets;   // DDTree-N: E = its pooled τ, one drafter forward
+  std::vector<CapacityRow> tree_budgets;   // per node budget: E = the tree's pooled τ
   int32_t recommended_k = 0;               // 0 without data
   double recommended_speedup = 0;
 };
 
 // accepted_per_pos[i−1] = steps whose a ≥ i (vLLM's num_accepted_tokens_per_pos); steps > 0.
-// ddtree_pooled: DDTree budget → pooled τ (tokens per step, what throughput sees).
+// ddtree_pooled: tree budget → pooled τ (tokens per step, what throughput sees); a tree costs
+// tree_drafter_forwards drafter forwards (DDTree: 1; EAGLE's tree: its depth) and its budget's
+// verification.
 CapacityPlan PlanCapacity(int64_t steps, const std::vector<int64_t>& accepted_per_pos,
                           const std::map<int32_t, double>& ddtree_pooled,
-                          const CapacityOptions& options);
+                          const CapacityOptions& options, int32_t tree_drafter_forwards = 1);
 
 // vLLM's synthetic acceptance mode for k draft tokens, as a --speculative-config fragment:
 // {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",

@@ -354,5 +354,41 @@ TEST(Compare, PairsReportsOnTheSameTrajectoriesOnly) {
             std::string::npos);
 }
 
+// Tree budgets pair only between the same tree: DDTree-8 and EAGLE's 8-node tree are not one
+// thing scored twice.
+TEST(Compare, TreesPairOnlyWithTheSameTree) {
+  ScoreReport a = TwoPromptReport({{1, 2, 1}, {3, 3}}, "a");
+  ScoreReport b = TwoPromptReport({{2, 2, 2}, {4, 3}}, "b");
+  for (ScoreReport* r : {&a, &b}) {
+    std::vector<ResponseAcceptance> rs;
+    for (PromptScore& p : r->prompts) {
+      p.acceptance.ddtree_step_lengths[8] = {2, 2};
+      rs.push_back(p.acceptance);
+    }
+    r->summary = Summarize(rs, 4);
+  }
+  auto same = CompareReports(a, b, BootstrapOptions{}, 0);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->ddtree.size(), 1u);
+  EXPECT_NE(ComparisonTable(*same).find("DDTree-8 tau"), std::string::npos);
+  b.summary.tree_method = kTreeEagle;
+  b.summary.tree_depth = 3;
+  b.summary.tree_top_k = 8;
+  auto other = CompareReports(a, b, BootstrapOptions{}, 0);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->ddtree.empty());
+  ASSERT_FALSE(other->notes.empty());
+  EXPECT_NE(other->notes.back().find("DDTree against EAGLE's tree (depth 3, top-k 8)"),
+            std::string::npos)
+      << other->notes.back();
+  a.summary.tree_method = kTreeEagle;
+  a.summary.tree_depth = 3;
+  a.summary.tree_top_k = 8;
+  auto eagle = CompareReports(a, b, BootstrapOptions{}, 0);
+  ASSERT_TRUE(eagle.ok());
+  EXPECT_EQ(eagle->ddtree.size(), 1u);
+  EXPECT_NE(ComparisonTable(*eagle).find("EAGLE-tree-8 tau"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace specwire

@@ -124,15 +124,26 @@ def test_drafter_families_side_by_side(demo):
     assert e3["labels"] == {"drafter": "tiny-qwen3-eagle3", "dataset": "heldout",
                             "method": "eagle3"}
     assert e3["summary"]["block_size"] == 6  # speculative_tokens 5
-    assert not e3["summary"]["ddtree_tau"]
+    # EAGLE-3's budget is EAGLE's top-k tree (depth 5, top-k 8, 8 nodes); DFlash2 grows none.
+    assert e3["summary"]["tree"] == {"method": "eagle", "depth": 5, "top_k": 8}
+    assert list(e3["summary"]["ddtree_tau"]) == ["8"]
+    assert d2["summary"]["tree"]["method"] == ""
     for name, r in reports.items():
         s = r["summary"]
         m = re.search(rf"^{name}\s+(\w+)\s+([\w-]+)\s+(\d+)\s+([\d.]+)\s+\[([\d.]+), ([\d.]+)\]"
-                      rf"\s+([\d.]+)\s+(\d+)$", text, re.M)
+                      rf"\s+([\d.]+)\s+(\d+)  (.*?)\s*$", text, re.M)
         assert m, name
         assert m.group(1) == r["labels"]["method"]
         assert int(m.group(3)) == s["block_size"] - 1
         assert float(m.group(4)) == pytest.approx(s["tau_mean_of_means"], abs=5e-4)
+        tree = re.fullmatch(r"(DDTree-8|EAGLE-tree-8) ([\d.]+)", m.group(9))
+        if s["ddtree_tau"]:
+            assert tree and tree.group(1) == {"ddtree": "DDTree-8",
+                                              "eagle": "EAGLE-tree-8"}[s["tree"]["method"]]
+            assert float(tree.group(2)) == pytest.approx(
+                s["ddtree_tau"]["8"]["tau_mean_of_means"], abs=5e-4)
+        else:
+            assert m.group(9) == "- (one path)", m.group(0)
         assert int(m.group(8)) == s["steps"]
     if "SPECWIRE_DEMO_MODELS" not in os.environ:
         assert e3["summary"]["tau_mean_of_means"] >= 2.0, e3["summary"]

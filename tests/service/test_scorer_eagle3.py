@@ -8,7 +8,8 @@ before the final norm, which the extractor serves as layer 2 (not its final-norm
 weights are also written in SpecForge's layout (midlayer.*, eagle_config ids [0, 1, 2]). Each is
 scored through the scorer: the method label is eagle3, and every prompt's chain step lengths
 equal the offline chain replay (specwire-replay eagle3-replay, the target in-process) and, for
-the speculators drafter, the replay written on the reference model. Drafters whose layer ids lie
+the speculators drafter, the replay written on the reference model; the job's tree budgets are
+EAGLE's top-k tree, each equal to the offline tree replay. Drafters whose layer ids lie
 beyond the target, in either convention, or whose vocabulary differs, are refused with
 FAILED_PRECONDITION before any work. About 40 s on two cores."""
 from __future__ import annotations
@@ -118,22 +119,25 @@ def scorer(server_factory, pair, tmp_path_factory):
     s.stop()
 
 
-def offline(pair: dict, drafter: Path) -> tuple[int, list[list[int]]]:
+def offline(pair: dict, drafter: Path, tree: str = "") -> tuple[int, list[list[int]]]:
+    """The offline replay's step lengths: the chain, or with tree="depth,top_k,total" EAGLE's
+    top-k tree (checked against the reference model in tests/parity/test_eagle3_parity.py)."""
     prompts = pair["root"] / "prompts.json"
     prompts.write_text(json.dumps(pair["prompts"]))
     r = subprocess.run([str(scorer_binary("specwire-replay")), "eagle3-replay",
                         f"--drafter={drafter}", f"--target_checkpoint={pair['target']}",
                         f"--tokens_file={prompts}", f"--max_new_tokens={MAX_NEW_TOKENS}",
-                        f"--threads={THREADS}"], capture_output=True, text=True, timeout=300)
+                        f"--threads={THREADS}"] + ([f"--tree={tree}"] if tree else []),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return out["block"], [resp["step_lengths"] for resp in out["responses"]]
 
 
-def score(scorer: ScorerServer, pair: dict, drafter: Path) -> list:
+def score(scorer: ScorerServer, pair: dict, drafter: Path, budgets=(8,), **tree) -> list:
     request = spb.ScoreRequest(
-        drafter_path=str(drafter), max_new_tokens=MAX_NEW_TOKENS, ddtree_budgets=[8],
-        prompts=[spb.PromptInput(tokens={"ids": p}) for p in pair["prompts"]])
+        drafter_path=str(drafter), max_new_tokens=MAX_NEW_TOKENS, ddtree_budgets=list(budgets),
+        prompts=[spb.PromptInput(tokens={"ids": p}) for p in pair["prompts"]], **tree)
     return list(scorer.stub().Score(request, timeout=300))
 
 
@@ -153,8 +157,39 @@ def test_eagle3_scores_through_the_service(scorer, pair, fmt):
     flat = [a for s in got for a in s]
     assert max(flat) >= 3 and min(flat) == 1, flat
     assert summary.block_size == block
-    # DDTree reads a DFlash block's parallel marginals; a chain drafter has none.
-    assert not summary.ddtree_tau
+    # The job's budget is EAGLE's top-k tree (DDTree reads a DFlash block's marginals): by
+    # default as deep as the chain, top-k 8, 8 nodes, prompt by prompt the offline tree replay.
+    assert summary.tree_method == "eagle"
+    assert (summary.tree_depth, summary.tree_top_k) == (block - 1, 8)
+    assert list(summary.ddtree_tau) == [8]
+    _, tree = offline(pair, drafter, f"{block - 1},8,8")
+    assert [list(results[i].ddtree_step_lengths[8].lengths)
+            for i in range(len(pair["prompts"]))] == tree
+
+
+def test_eagle_tree_settings_through_the_service(scorer, pair):
+    """Several budgets with a job's own depth and top-k: each budget's step lengths equal the
+    offline replay of that tree."""
+    drafter = pair["drafters"]["speculators"]
+    msgs = score(scorer, pair, drafter, budgets=(3, 12), tree_depth=3, tree_top_k=3)
+    results = {m.result.prompt_index: m.result for m in msgs if m.HasField("result")}
+    summary = msgs[-1].summary
+    assert (summary.tree_method, summary.tree_depth, summary.tree_top_k) == ("eagle", 3, 3)
+    for budget in (3, 12):
+        _, want = offline(pair, drafter, f"3,3,{budget}")
+        got = [list(results[i].ddtree_step_lengths[budget].lengths)
+               for i in range(len(pair["prompts"]))]
+        assert got == want, budget
+        assert max(a for s in got for a in s) <= 4  # depth 3: at most 3 drafts + the bonus
+    # Deeper than the drafter's chain (4 drafts): refused before any work, naming the field.
+    with pytest.raises(grpc.RpcError) as e:
+        score(scorer, pair, drafter, tree_depth=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "tree_depth: 5" in e.value.details() and "chain of 4 drafts" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        score(scorer, pair, drafter, tree_top_k=65)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tree_top_k: 65" in e.value.details()
 
 
 def test_eagle3_method_label_in_the_metrics(scorer, pair):

@@ -535,15 +535,19 @@ def test_crash_mid_scoring_loses_nothing_recorded(setup):
 @pytest.mark.parametrize("family", ["eagle3", "dflash2"])
 def test_push_mode_scores_every_drafter_family(setup, family):
     """The committed EAGLE-3 (speculators format) and DFlash2 (z-lab format) drafters of the same
-    target, pushed as checkpoints: scored on every eval set like the DFlash ones; their chains
-    and paths have no DDTree rows."""
+    target, pushed as checkpoints: scored on every eval set like the DFlash ones; EAGLE-3's
+    budgets are EAGLE's top-k tree, DFlash2's path has no tree rows."""
     src = REPO / "models" / f"tiny-qwen3-{family}"
     with ScorerClient(setup["scorer"].address, timeout=300) as client:
         pushed = client.submit_checkpoint(run=f"family-{family}", step=1, path=src)
     assert set(pushed.scores) == {"chat", "code"}
     for s in pushed.scores.values():
         assert s.status == "ok" and not s.from_database, s
-        assert s.tau >= 1.0 and not s.ddtree_tau
+        assert s.tau >= 1.0
+        if family == "eagle3":
+            assert s.summary.tree_method == "eagle" and s.ddtree_tau, s.summary
+        else:
+            assert s.summary.tree_method == "" and not s.ddtree_tau
     rows = recorded(setup, f"family-{family}", 1)
     assert {json.loads(r["summary"])["tau"] for r in rows.values()} == \
         {s.tau for s in pushed.scores.values()}
