@@ -104,10 +104,6 @@ class PrecomputedBackend final : public ExtractorBackend {
     }
     return out;
   }
-  absl::StatusOr<GenerateOutput> Generate(const GenerateWork&,
-                                          const std::function<bool()>&) override {
-    return absl::UnimplementedError("not in this benchmark");
-  }
   absl::StatusOr<TensorBytes> GetTensor(const std::string& name) override {
     return absl::NotFoundError(name);
   }

@@ -27,9 +27,9 @@ class FakeBackend final : public ExtractorBackend {
     FUZZ_CHECK(false, "validation ran ExtractBatch");
     return absl::InternalError("unreachable");
   }
-  absl::StatusOr<GenerateOutput> Generate(const GenerateWork&,
-                                          const std::function<bool()>&) override {
-    FUZZ_CHECK(false, "validation ran Generate");
+  absl::StatusOr<std::unique_ptr<GenerationSequence>> StartSequence(
+      const std::vector<int64_t>&, const GenerateWork&) override {
+    FUZZ_CHECK(false, "validation ran StartSequence");
     return absl::InternalError("unreachable");
   }
   absl::StatusOr<TensorBytes> GetTensor(const std::string&) override {

@@ -386,10 +386,6 @@ class FakeBackend final : public ExtractorBackend {
     }
     return out;
   }
-  absl::StatusOr<GenerateOutput> Generate(const GenerateWork&,
-                                          const std::function<bool()>&) override {
-    return absl::UnimplementedError("Generate");
-  }
   absl::StatusOr<TensorBytes> GetTensor(const std::string& name) override {
     return absl::NotFoundError(absl::StrCat("tensor \"", name, "\""));
   }

@@ -16,6 +16,7 @@ class KvCache : public LayerCache {
  public:
   KvCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
           at::ScalarType dtype, const at::Device& device);
+  int64_t bytes() const override { return static_cast<int64_t>(k.nbytes() + v.nbytes()); }
   at::Tensor k, v;
 };
 

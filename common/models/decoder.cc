@@ -188,4 +188,43 @@ at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
   return at::Tensor();
 }
 
+at::Tensor DecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out.push_back(Forward(h.narrow(0, static_cast<int64_t>(i), 1), *rows[i].ctx, rows[i].cache));
+  }
+  const int64_t pad = h.size(0) - static_cast<int64_t>(rows.size());
+  if (pad > 0) out.push_back(at::zeros({pad, 1, h.size(2)}, h.options()));
+  return at::cat(out, 0);
+}
+
+at::Tensor DecoderModel::DecodeStep(const std::vector<int64_t>& tokens,
+                                    const std::vector<ModelCache*>& caches) {
+  TORCH_CHECK(!tokens.empty() && tokens.size() == caches.size(), "one cache per token");
+  const int64_t N = static_cast<int64_t>(tokens.size());
+  const int64_t M = (N + kDecodeRowQuantum - 1) / kDecodeRowQuantum * kDecodeRowQuantum;
+  std::vector<ForwardContext> ctx;
+  ctx.reserve(tokens.size());  // rows point into it
+  at::Tensor ids = at::zeros({M, 1}, at::kLong);
+  for (int64_t i = 0; i < N; ++i) {
+    const ModelCache& c = *caches[i];
+    TORCH_CHECK(c.batch == 1, "decode rows need batch-1 caches");
+    TORCH_CHECK(c.length + 1 <= c.capacity, "cache capacity ", c.capacity, " exceeded");
+    ids[i][0] = tokens[i];
+    ctx.emplace_back(c.length, 1, dtype_);
+  }
+  at::Tensor h = at::embedding(embed_tokens_, ids.to(input_device_));  // [M, 1, H]
+  std::vector<DecodeRow> rows(tokens.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    DecoderLayer& layer = *layers_[l];
+    if (h.device() != layer.device()) h = h.to(layer.device());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = {&ctx[i], caches[i]->layers[l].get()};
+    h = layer.DecodeRows(h, rows);
+  }
+  for (ModelCache* c : caches) c->length += 1;
+  if (h.device() != output_device_) h = h.to(output_device_);
+  at::Tensor normed = RmsNorm(h.select(1, 0), norm_, config_.rms_norm_eps, final_norm_kind_);
+  return at::linear(normed, lm_head()).narrow(0, 0, N);
+}
+
 }  // namespace specwire

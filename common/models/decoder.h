@@ -36,6 +36,7 @@ using WeightVisitor = std::function<void(const WeightSlot&)>;
 class LayerCache {
  public:
   virtual ~LayerCache() = default;
+  virtual int64_t bytes() const { return 0; }  // memory it holds
 };
 
 // Positions and rotary tables for one forward call; rotary tables are built once per device and
@@ -56,11 +57,23 @@ class ForwardContext {
   mutable std::map<std::pair<const void*, std::string>, std::pair<at::Tensor, at::Tensor>> rotary_;
 };
 
+// One sequence of a batched decoding step: its own position and cache (a batch-1 cache).
+struct DecodeRow {
+  const ForwardContext* ctx;  // past_len = the sequence's cache length, seq_len = 1
+  LayerCache* cache;
+};
+
 class DecoderLayer {
  public:
   virtual ~DecoderLayer() = default;
   // h: [B, T, hidden] on device(); returns the residual stream after the layer.
   virtual at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) = 0;
+  // One new token of each of rows.size() sequences, each at its own position with its own cache:
+  // h [M, 1, hidden] with M ≥ rows.size() (rows past rows.size() are padding: their mixer output
+  // is zero and nothing is cached for them). The default runs Forward row by row; the layers
+  // here share every projection's matrix product across the M rows and attend (or run the
+  // recurrence) per sequence.
+  virtual at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows);
   virtual void ForEachWeight(const WeightVisitor& visit) = 0;
   // Called once after loading: fuse projections, move to the device.
   virtual void Prepare(const at::Device& device) = 0;
@@ -145,6 +158,15 @@ class DecoderModel {
   // the device that produced them. Returns logits per `mode` (undefined tensor for kNone).
   at::Tensor Forward(const at::Tensor& input_ids, ModelCache* cache, const CaptureSpec& capture,
                      CapturedStates* captured, LogitsMode mode);
+
+  // One greedy-decoding step of several sequences, each with its own batch-1 cache: tokens[i]
+  // goes in at position caches[i]->length, which grows by one. Returns next-token logits
+  // [N, vocab]. The matrix products run on the rows padded to a multiple of kDecodeRowQuantum,
+  // where a row's rounding does not depend on how many rows there are (MKL and oneDNN pick
+  // other kernels, and other summation orders, for one row or a few), so a sequence's tokens are
+  // the same whatever else decodes beside it (decoder_test.cc: DecodeStep.*).
+  at::Tensor DecodeStep(const std::vector<int64_t>& tokens, const std::vector<ModelCache*>& caches);
+  static constexpr int64_t kDecodeRowQuantum = 4;
 
  private:
   ModelConfig config_;

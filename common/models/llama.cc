@@ -76,12 +76,11 @@ std::string LlamaDecoderLayer::KernelVariant() const {
   return sliding_window_ > 0 ? "sdpa sliding-window" : "sdpa";
 }
 
-at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext& ctx,
-                                      LayerCache* cache) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> LlamaDecoderLayer::Project(
+    const at::Tensor& h) const {
   const int64_t B = h.size(0), T = h.size(1);
-  // --- attention block ---
-  at::Tensor n = RmsNormFused(h, input_norm_, eps_);                 // [B, T, H]
-  at::Tensor qkv = at::linear(n, qkv_w_, qkv_b_);                                 // [B, T, (Hq+2Hkv)*D]
+  at::Tensor n = RmsNormFused(h, input_norm_, eps_);  // [B, T, H]
+  at::Tensor qkv = at::linear(n, qkv_w_, qkv_b_);     // [B, T, (Hq+2Hkv)*D]
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   at::Tensor q = qkv.narrow(-1, 0, q_out).view({B, T, heads_, head_dim_});
   at::Tensor k = qkv.narrow(-1, q_out, kv_out).view({B, T, kv_heads_, head_dim_});
@@ -90,14 +89,20 @@ at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext&
     q = RmsNormFused(q, q_norm_, eps_);
     k = RmsNormFused(k, k_norm_, eps_);
   }
-  q = q.transpose(1, 2);  // [B, Hq, T, D]
-  k = k.transpose(1, 2);  // [B, Hkv, T, D]
-  v = v.transpose(1, 2);
+  // [B, Hq, T, D], [B, Hkv, T, D]
+  return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
+}
+
+at::Tensor LlamaDecoderLayer::Attend(at::Tensor q, at::Tensor k, const at::Tensor& v,
+                                     const ForwardContext& ctx, LayerCache* cache) const {
   const auto& [cos, sin] = ctx.Rotary(*rope_, device_);
   q = RotaryEmbedding::Apply(q, cos, sin);
   k = RotaryEmbedding::Apply(k, cos, sin);
-  at::Tensor attn = CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), sliding_window_,
-                                    1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq*D]
+  return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), sliding_window_,
+                         1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq*D]
+}
+
+at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn) const {
   at::Tensor out = h + at::linear(attn, o_w_, o_b_);  // a new tensor: `h` may be a captured state
 
   // --- MLP block ---
@@ -110,6 +115,25 @@ at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext&
   act.mul_(gu.narrow(-1, intermediate_, intermediate_));
   out.add_(at::linear(act, down_w_, down_b_));
   return out;
+}
+
+at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext& ctx,
+                                      LayerCache* cache) {
+  auto [q, k, v] = Project(h);
+  return Finish(h, Attend(q, k, v, ctx, cache));
+}
+
+at::Tensor LlamaDecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) {
+  auto [q, k, v] = Project(h);  // every row's projections in one product
+  std::vector<at::Tensor> attn;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = static_cast<int64_t>(i);
+    attn.push_back(Attend(q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1), *rows[i].ctx,
+                          rows[i].cache));
+  }
+  const int64_t pad = h.size(0) - static_cast<int64_t>(rows.size());
+  if (pad > 0) attn.push_back(at::zeros({pad, 1, heads_ * head_dim_}, h.options()));
+  return Finish(h, at::cat(attn, 0));
 }
 
 std::unique_ptr<DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <memory>
+#include <tuple>
+#include <vector>
 
 #include "common/models/decoder.h"
 #include "common/models/rope.h"
@@ -21,12 +23,22 @@ class LlamaDecoderLayer : public DecoderLayer {
                     std::shared_ptr<const RotaryEmbedding> rope, at::ScalarType dtype);
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) override;
+  at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) override;
   void ForEachWeight(const WeightVisitor& visit) override;
   void Prepare(const at::Device& device) override;
   std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
   std::string KernelVariant() const override;
 
  private:
+  // input_layernorm, the fused q/k/v product and the q/k norms: q [B, Hq, T, D], k and v
+  // [B, Hkv, T, D].
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> Project(const at::Tensor& h) const;
+  // Rotary embedding at ctx's positions and attention over `cache`: [B, T, Hq·D].
+  at::Tensor Attend(at::Tensor q, at::Tensor k, const at::Tensor& v, const ForwardContext& ctx,
+                    LayerCache* cache) const;
+  // o_proj and the residual, then the MLP block.
+  at::Tensor Finish(const at::Tensor& h, const at::Tensor& attn) const;
+
   // Sizes.
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;

@@ -275,9 +275,16 @@ at::Tensor Qwen3_5DecoderLayer::Forward(const at::Tensor& h, const ForwardContex
                                         LayerCache* cache) {
   // --- token mixer block ---
   at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kOnePlusWeight);  // [B, T, H]
-  at::Tensor out = h + Mix(n, ctx, cache);  // a new tensor: `h` may be a captured state
+  return Mlp(h + Mix(n, ctx, cache));  // a new tensor: `h` may be a captured state
+}
 
-  // --- MLP block ---
+at::Tensor Qwen3_5DecoderLayer::DecodeRows(const at::Tensor& h,
+                                           const std::vector<DecodeRow>& rows) {
+  at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kOnePlusWeight);  // [M, 1, H]
+  return Mlp(h + MixRows(n, rows));
+}
+
+at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out) const {
   at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kOnePlusWeight);
   at::Tensor act = at::linear(m, gate_w_);  // [B, T, I]
   at::silu_(act).mul_(at::linear(m, up_w_));  // silu(gate) · up, in place
@@ -325,8 +332,7 @@ std::unique_ptr<LayerCache> GatedAttentionLayer::NewCache(int64_t batch, int64_t
   return std::make_unique<KvCache>(batch, kv_heads_, capacity, head_dim_, dtype_, device_);
 }
 
-at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
-                                    LayerCache* cache) {
+GatedAttentionLayer::Projected GatedAttentionLayer::Project(const at::Tensor& n) const {
   const int64_t B = n.size(0), T = n.size(1), D = head_dim_;
   const int64_t q_out = heads_ * D;
   // q_proj rows are interleaved per head: head h owns [h·2D, h·2D + D) query, then D gate rows.
@@ -339,7 +345,11 @@ at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& c
   q = RmsNorm(q, q_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hq, T, D]
   k = RmsNorm(k, k_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hkv, T, D]
   v = v.transpose(1, 2);                                                    // [B, Hkv, T, D]
+  return {q, k, v, gate};
+}
 
+at::Tensor GatedAttentionLayer::Attend(at::Tensor q, at::Tensor k, const at::Tensor& v,
+                                       const ForwardContext& ctx, LayerCache* cache) const {
   // Partial rotary: only the first rotary_dim = head_dim · partial_rotary_factor dims turn.
   // Qwen3.5 declares interleaved mRoPE (sections T/H/W over the frequencies), but for text every
   // token's T, H and W positions are the same arange, so each frequency sees the same position
@@ -347,11 +357,30 @@ at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& c
   const auto& [cos, sin] = ctx.Rotary(*rope_, device_);
   q = RotaryEmbedding::Apply(q, cos, sin);
   k = RotaryEmbedding::Apply(k, cos, sin);
-  at::Tensor attn =
-      CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), /*sliding_window=*/0,
-                      1.0 / std::sqrt(static_cast<double>(D)));  // [B, T, Hq·D]
-  attn = attn * at::sigmoid(gate);  // output gate, in the compute dtype
+  return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), /*sliding_window=*/0,
+                         1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq·D]
+}
+
+at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
+                                    LayerCache* cache) {
+  Projected p = Project(n);
+  at::Tensor attn = Attend(p.q, p.k, p.v, ctx, cache);
+  attn = attn * at::sigmoid(p.gate);  // output gate, in the compute dtype
   return at::linear(attn, o_w_, o_b_);
+}
+
+at::Tensor GatedAttentionLayer::MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) {
+  Projected p = Project(n);  // every row's projections in one product
+  std::vector<at::Tensor> attn;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = static_cast<int64_t>(i);
+    attn.push_back(Attend(p.q.narrow(0, r, 1), p.k.narrow(0, r, 1), p.v.narrow(0, r, 1),
+                          *rows[i].ctx, rows[i].cache));
+  }
+  const int64_t pad = n.size(0) - static_cast<int64_t>(rows.size());
+  if (pad > 0) attn.push_back(at::zeros({pad, 1, heads_ * head_dim_}, n.options()));
+  at::Tensor a = at::cat(attn, 0) * at::sigmoid(p.gate);
+  return at::linear(a, o_w_, o_b_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,18 +421,24 @@ std::unique_ptr<LayerCache> GatedDeltaNetLayer::NewCache(int64_t batch, int64_t 
                                               device_);
 }
 
-at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
-                                   LayerCache* layer_cache) {
+GatedDeltaNetLayer::Projected GatedDeltaNetLayer::Project(const at::Tensor& n) const {
   const int64_t B = n.size(0), T = n.size(1);
+  Projected p;
+  p.mixed = at::linear(n, in_qkv_w_);                       // [B, T, conv_dim]
+  p.z = at::linear(n, in_z_w_).view({B, T, nv_, dv_});      // output gate
+  p.b = at::linear(n, in_b_w_);                             // [B, T, nv]
+  p.a = at::linear(n, in_a_w_);                             // [B, T, nv]
+  return p;
+}
+
+at::Tensor GatedDeltaNetLayer::Recur(const at::Tensor& mixed_btc, const at::Tensor& z,
+                                     const at::Tensor& b, const at::Tensor& a,
+                                     const ForwardContext& ctx, LayerCache* layer_cache) const {
+  const int64_t B = mixed_btc.size(0), T = mixed_btc.size(1);
   auto* cache = static_cast<GatedDeltaNetCache*>(layer_cache);
   const bool continues = ctx.past_len > 0;  // the cache holds the state after earlier tokens
   TORCH_CHECK(!continues || cache != nullptr, "a forward with past tokens needs a cache");
-
-  at::Tensor mixed_btc = at::linear(n, in_qkv_w_);               // [B, T, conv_dim]
-  at::Tensor mixed = mixed_btc.transpose(1, 2);                  // [B, conv_dim, T]
-  at::Tensor z = at::linear(n, in_z_w_).view({B, T, nv_, dv_});  // output gate
-  at::Tensor b = at::linear(n, in_b_w_);                         // [B, T, nv]
-  at::Tensor a = at::linear(n, in_a_w_);                         // [B, T, nv]
+  at::Tensor mixed = mixed_btc.transpose(1, 2);  // [B, conv_dim, T]
 
   // Short causal conv over the concatenated [q | k | v] channels, before the split. conv1d makes
   // a non-contiguous input contiguous before its kernel; on the CPU that copy is done here, with
@@ -437,7 +472,39 @@ at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ct
   if (cache != nullptr) cache->recurrent_state.copy_(r.final_state);
 
   at::Tensor o = GatedRmsNorm(r.out.reshape({-1, dv_}), z.reshape({-1, dv_}), norm_w_, eps_);
-  return at::linear(o.reshape({B, T, value_dim_}), out_w_);  // [B, T, hidden]
+  return o.reshape({B, T, value_dim_});
+}
+
+at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
+                                   LayerCache* cache) {
+  Projected p = Project(n);
+  return at::linear(Recur(p.mixed, p.z, p.b, p.a, ctx, cache), out_w_);  // [B, T, hidden]
+}
+
+at::Tensor GatedDeltaNetLayer::MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) {
+  Projected p = Project(n);  // every row's projections in one product
+  const int64_t N = static_cast<int64_t>(rows.size()), M = n.size(0);
+  // Every decoding row continues its own state: the rows' conv and recurrent states stacked,
+  // one conv and delta-rule step for all of them (each row's arithmetic is its own: products
+  // and sums along a row's state only), written back to each row's cache.
+  std::vector<at::Tensor> conv, recurrent;
+  for (const DecodeRow& r : rows) {
+    TORCH_CHECK(r.ctx->past_len > 0, "a decoding row needs a prefilled cache");
+    auto* c = static_cast<GatedDeltaNetCache*>(r.cache);
+    conv.push_back(c->conv_state);
+    recurrent.push_back(c->recurrent_state);
+  }
+  GatedDeltaNetCache stacked(at::cat(conv, 0), at::cat(recurrent, 0));
+  const ForwardContext continues(/*past_len=*/1, /*seq_len=*/1, dtype_);  // positions unused
+  at::Tensor o = Recur(p.mixed.narrow(0, 0, N), p.z.narrow(0, 0, N), p.b.narrow(0, 0, N),
+                       p.a.narrow(0, 0, N), continues, &stacked);  // [N, 1, value_dim]
+  for (int64_t i = 0; i < N; ++i) {
+    auto* c = static_cast<GatedDeltaNetCache*>(rows[i].cache);
+    c->conv_state.copy_(stacked.conv_state.narrow(0, i, 1));
+    c->recurrent_state.copy_(stacked.recurrent_state.narrow(0, i, 1));
+  }
+  if (M > N) o = at::cat({o, at::zeros({M - N, 1, value_dim_}, o.options())}, 0);
+  return at::linear(o, out_w_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -61,6 +61,11 @@ class GatedDeltaNetCache : public LayerCache {
   GatedDeltaNetCache(int64_t batch, int64_t conv_dim, int64_t conv_kernel, int64_t num_v_heads,
                      int64_t k_head_dim, int64_t v_head_dim, at::ScalarType dtype,
                      const at::Device& device);
+  GatedDeltaNetCache(at::Tensor conv, at::Tensor recurrent)
+      : conv_state(std::move(conv)), recurrent_state(std::move(recurrent)) {}
+  int64_t bytes() const override {
+    return static_cast<int64_t>(conv_state.nbytes() + recurrent_state.nbytes());
+  }
   at::Tensor conv_state;       // [B, conv_dim, K-1], compute dtype: the last K-1 conv inputs
   at::Tensor recurrent_state;  // [B, nv, dk, dv] fp32: S after the last processed token
 };
@@ -73,12 +78,15 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
   Qwen3_5DecoderLayer(const ModelConfig& config, at::ScalarType dtype);
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) final;
+  at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) final;
   void ForEachWeight(const WeightVisitor& visit) final;
   void Prepare(const at::Device& device) final;
 
  protected:
   // n: input_layernorm(h) [B, T, hidden] → the mixer's output [B, T, hidden].
   virtual at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) = 0;
+  // The same for DecodeRows: n [M, 1, hidden], one sequence per row (padding rows give 0).
+  virtual at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) = 0;
   virtual void ForEachMixerWeight(const WeightVisitor& visit) = 0;
   virtual void PrepareMixer() = 0;  // device_ is set
 
@@ -87,6 +95,8 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
   const at::ScalarType dtype_;
 
  private:
+  at::Tensor Mlp(at::Tensor out) const;  // post-norm SwiGLU block added to `out`
+
   const int64_t intermediate_;
   at::Tensor input_norm_, post_norm_;  // [hidden], (1 + w)
   at::Tensor gate_w_, up_w_;           // [I, hidden]
@@ -105,10 +115,20 @@ class GatedAttentionLayer : public Qwen3_5DecoderLayer {
 
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
+  at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) override;
   void ForEachMixerWeight(const WeightVisitor& visit) override;
   void PrepareMixer() override;
 
  private:
+  struct Projected {
+    at::Tensor q, k, v;  // normed: [B, Hq, T, D], [B, Hkv, T, D]
+    at::Tensor gate;     // [B, T, Hq·D]
+  };
+  Projected Project(const at::Tensor& n) const;
+  // Rotary embedding at ctx's positions and attention over `cache`: [B, T, Hq·D].
+  at::Tensor Attend(at::Tensor q, at::Tensor k, const at::Tensor& v, const ForwardContext& ctx,
+                    LayerCache* cache) const;
+
   const int64_t heads_, kv_heads_, head_dim_;
   const bool bias_;
   std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all attention layers
@@ -129,10 +149,21 @@ class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
 
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
+  at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) override;
   void ForEachMixerWeight(const WeightVisitor& visit) override;
   void PrepareMixer() override;
 
  private:
+  struct Projected {
+    at::Tensor mixed;  // [B, T, conv_dim]: q | k | v before the conv
+    at::Tensor z;      // [B, T, nv, dv]
+    at::Tensor b, a;   // [B, T, nv]
+  };
+  Projected Project(const at::Tensor& n) const;
+  // Conv, gated delta rule and gated norm over `cache` (updated): [B, T, value_dim].
+  at::Tensor Recur(const at::Tensor& mixed_btc, const at::Tensor& z, const at::Tensor& b,
+                   const at::Tensor& a, const ForwardContext& ctx, LayerCache* cache) const;
+
   const int64_t nk_, nv_, dk_, dv_, conv_kernel_;
   const int64_t key_dim_, value_dim_, conv_dim_;  // nk·dk, nv·dv, 2·key_dim + value_dim
   at::Tensor in_qkv_w_;                           // [conv_dim, hidden]

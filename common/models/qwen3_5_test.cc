@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/model_config.h"
+#include "common/models/test_models.h"
 
 namespace specwire {
 namespace {
@@ -82,54 +83,8 @@ TEST(GatedDeltaRuleChunked, KeepsTheInputDtype) {
   EXPECT_EQ(r.final_state.scalar_type(), at::kFloat);
 }
 
-// A tiny hybrid: 3 GatedDeltaNet layers, then one gated full-attention layer, then one more GDN.
-ModelConfig TinyHybridConfig() {
-  ModelConfig c;
-  c.family = ModelFamily::kQwen3_5;
-  c.model_type = "qwen3_5_text";
-  c.architecture = "Qwen3_5ForCausalLM";
-  c.vocab_size = 96;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_layers = 5;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.qk_norm = true;
-  c.attn_output_gate = true;
-  c.rope.theta = 10000.0;
-  c.rope.partial_rotary_factor = 0.25;
-  c.layer_types = {LayerType::kLinearAttention, LayerType::kLinearAttention,
-                   LayerType::kLinearAttention, LayerType::kFullAttention,
-                   LayerType::kLinearAttention};
-  c.linear_conv_kernel_dim = 4;
-  c.linear_key_head_dim = 8;
-  c.linear_value_head_dim = 8;
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  return c;
-}
-
-std::unique_ptr<DecoderModel> RandomTinyHybrid() {
-  auto built = BuildQwen3_5Model(TinyHybridConfig(), at::kFloat);
-  EXPECT_TRUE(built.ok()) << built.status();
-  std::unique_ptr<DecoderModel> model = std::move(built).value();
-  at::manual_seed(42);
-  model->ForEachWeight([](const WeightSlot& s) {
-    if (s.name.ends_with("A_log")) {
-      *s.slot = at::log(at::rand(s.shape) * 15 + 1);  // decay rates exp(A) in [1, 16)
-    } else if (s.name.ends_with("norm.weight") || s.name.ends_with("dt_bias")) {
-      *s.slot = at::randn(s.shape) * 0.3;
-    } else {
-      *s.slot = at::randn(s.shape) * 0.2;
-    }
-  });
-  model->Prepare(std::vector<at::Device>(5, at::kCPU));
-  return model;
-}
-
 TEST(Qwen3_5Model, RejectsSlidingLayers) {
-  ModelConfig c = TinyHybridConfig();
+  ModelConfig c = testing::TinyHybridConfig();
   c.layer_types[1] = LayerType::kSlidingAttention;
   auto built = BuildQwen3_5Model(c, at::kFloat);
   ASSERT_FALSE(built.ok());
@@ -137,7 +92,7 @@ TEST(Qwen3_5Model, RejectsSlidingLayers) {
 }
 
 TEST(Qwen3_5Model, KernelVariants) {
-  auto model = RandomTinyHybrid();
+  auto model = testing::RandomTinyHybrid();
   EXPECT_EQ(model->layer(0).KernelVariant(),
             "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode");
   EXPECT_EQ(model->layer(3).KernelVariant(), "sdpa gated");
@@ -147,7 +102,7 @@ TEST(Qwen3_5Model, KernelVariants) {
 // prefill split into several multi-token pieces (chunked prefill continuing the GDN states).
 TEST(Qwen3_5Model, CachedDecodingMatchesFullForward) {
   c10::InferenceMode inference;
-  auto model = RandomTinyHybrid();
+  auto model = testing::RandomTinyHybrid();
   const int64_t total = 140;
   at::manual_seed(5);
   at::Tensor ids = at::randint(0, 96, {1, total}, at::kLong);
@@ -195,7 +150,7 @@ TEST(Qwen3_5Model, CachedDecodingMatchesFullForward) {
 // Rows of a right-padded batch equal the same sequences run alone.
 TEST(Qwen3_5Model, BatchRowsMatchSingleSequences) {
   c10::InferenceMode inference;
-  auto model = RandomTinyHybrid();
+  auto model = testing::RandomTinyHybrid();
   at::manual_seed(9);
   at::Tensor ids = at::randint(0, 96, {2, 70}, at::kLong);
   CaptureSpec top;

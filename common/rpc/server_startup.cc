@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/reflection_service.h"
 #include "absl/strings/strip.h"
 #include "common/rpc/health_service.h"
 
@@ -89,10 +90,15 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(ServerStartO
   grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   s->health_ = std::make_unique<HealthService>();
+  std::vector<std::string> names = options.service_names;
+  names.insert(names.end(), {"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                             "grpc.reflection.v1alpha.ServerReflection"});
+  s->reflection_ = std::make_unique<ReflectionV1Service>(std::move(names));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, options.credentials, &s->port_);
   for (grpc::Service* service : options.services) builder.RegisterService(service);
   builder.RegisterService(s->health_.get());
+  builder.RegisterService(s->reflection_.get());
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   s->server_ = builder.BuildAndStart();

@@ -31,12 +31,16 @@ class Exposer;
 namespace specwire {
 
 class HealthService;
+class ReflectionV1Service;
 
 struct ServerStartOptions {
   std::string listen;          // gRPC host:port (port 0 picks one): the main's --listen
   std::string metrics_listen;  // Prometheus host:port, "" : no exporter (--metrics_listen)
   std::shared_ptr<grpc::ServerCredentials> credentials;           // MakeServerCredentials
   std::vector<grpc::Service*> services;                           // not owned; outlive the server
+  // Their fully qualified names, for reflection v1's list_services (with health and both
+  // reflection services, which Start adds), e.g. {"specwire.v1.Extractor"}.
+  std::vector<std::string> service_names;
   std::vector<std::shared_ptr<prometheus::Collectable>> metrics;  // what the exporter serves
   // Marked SERVING (with the server as a whole, "") once listening, e.g. "specwire.v1.Extractor".
   std::string health_service;
@@ -67,6 +71,7 @@ class RunningServer {
   ServerStartOptions options_;
   std::unique_ptr<prometheus::Exposer> exposer_;  // before server_: destroyed after it
   std::unique_ptr<HealthService> health_;         // registered with server_: outlives it
+  std::unique_ptr<ReflectionV1Service> reflection_;  // the same
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool stopped_ = false;

@@ -41,6 +41,13 @@ ABSL_FLAG(int64_t, max_batch_tokens, 16384,
           "Dynamic batching budget: padded tokens (sequences x longest) per forward pass.");
 ABSL_FLAG(int64_t, max_queue, 64,
           "Requests waiting for the engine at most; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_running_sequences, 64,
+          "Continuous batching: generation sequences admitted at once (each decoding step "
+          "serves all of them); a request waits until its prompts fit.");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{4} << 30,
+          "Continuous batching: bytes the admitted sequences' caches may hold in all (each "
+          "reserves prompt + max_new_tokens positions); a request waits until it fits, one that "
+          "never can gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_concurrent_streams, 64, "Open Extract/Generate/GetTensors streams at most.");
 ABSL_FLAG(int64_t, max_sequences_per_request, 256, "Sequences (or prompts) per request at most.");
 ABSL_FLAG(int64_t, max_tokens_per_sequence, 32768, "Tokens per sequence at most.");
@@ -109,10 +116,20 @@ int main(int argc, char** argv) {
   SchedulerOptions so;
   so.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   so.max_queue = absl::GetFlag(FLAGS_max_queue);
+  so.max_running_sequences = absl::GetFlag(FLAGS_max_running_sequences);
+  so.max_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (so.max_running_sequences < 1 || so.max_cache_bytes < 1) {
+    return Fail("--max_running_sequences and --kv_cache_bytes must be positive");
+  }
   Scheduler scheduler(backend->get(), so);
   scheduler.set_batch_observer([&](int requests, int64_t tokens) {
     metrics.Batch(requests, tokens);
     metrics.SetQueueDepth(scheduler.queue_depth());
+    metrics.SetGeneration(scheduler.running_sequences(), scheduler.reserved_cache_bytes());
+  });
+  scheduler.set_decode_observer([&](int sequences) {
+    metrics.DecodeStep(sequences);
+    metrics.SetGeneration(scheduler.running_sequences(), scheduler.reserved_cache_bytes());
   });
 
   ExtractorLimits limits;
@@ -134,6 +151,7 @@ int main(int argc, char** argv) {
   start.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   start.credentials = *credentials;
   start.services = {&service};
+  start.service_names = {"specwire.v1.Extractor"};
   start.metrics = {metrics.registry()};
   start.health_service = "specwire.v1.Extractor";
   // Requests are small; responses are bounded by the chunk limit plus framing.

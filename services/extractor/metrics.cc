@@ -52,7 +52,33 @@ ExtractorMetrics::ExtractorMetrics()
                           .Name("specwire_extractor_active_streams")
                           .Help("Open Extract / Generate / GetTensors streams")
                           .Register(*registry_)
-                          .Add({})) {}
+                          .Add({})),
+      running_sequences_(prometheus::BuildGauge()
+                             .Name("specwire_extractor_running_sequences")
+                             .Help("Generation sequences admitted (prefilling or decoding)")
+                             .Register(*registry_)
+                             .Add({})),
+      decode_sequences_(prometheus::BuildHistogram()
+                            .Name("specwire_extractor_decode_step_sequences")
+                            .Help("Sequences one decoding step served (continuous batching)")
+                            .Register(*registry_)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{
+                                         1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      cache_reserved_bytes_(prometheus::BuildGauge()
+                                .Name("specwire_extractor_cache_reserved_bytes")
+                                .Help("Cache bytes the admitted generation sequences reserve "
+                                      "(of --kv_cache_bytes)")
+                                .Register(*registry_)
+                                .Add({})) {}
+
+void ExtractorMetrics::DecodeStep(int sequences) {
+  decode_sequences_.Observe(static_cast<double>(sequences));
+}
+
+void ExtractorMetrics::SetGeneration(int64_t sequences, int64_t reserved_bytes) {
+  running_sequences_.Set(static_cast<double>(sequences));
+  cache_reserved_bytes_.Set(static_cast<double>(reserved_bytes));
+}
 
 void ExtractorMetrics::RequestDone(const std::string& method, const std::string& code,
                                    double seconds) {

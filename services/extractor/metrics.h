@@ -25,6 +25,8 @@ class ExtractorMetrics {
   void Batch(int requests, int64_t tokens);
   void QueueWait(double seconds);
   void SetQueueDepth(int64_t n);
+  void SetGeneration(int64_t sequences, int64_t reserved_bytes);
+  void DecodeStep(int sequences);
   void StreamOpened();
   void StreamClosed();
 
@@ -39,6 +41,9 @@ class ExtractorMetrics {
   prometheus::Histogram& queue_wait_;
   prometheus::Gauge& queue_depth_;
   prometheus::Gauge& active_streams_;
+  prometheus::Gauge& running_sequences_;
+  prometheus::Histogram& decode_sequences_;
+  prometheus::Gauge& cache_reserved_bytes_;
 };
 
 }  // namespace specwire

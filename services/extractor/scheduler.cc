@@ -32,6 +32,26 @@ Scheduler::Scheduler(ExtractorBackend* backend, SchedulerOptions options)
 Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
+  if (job->kind == Job::Kind::kGenerate) {
+    // What its caches reserve while it runs; one that could never be admitted is refused now.
+    const auto& g = job->generate;
+    job->cache_bytes = 0;
+    for (const auto& p : g.prompts) {
+      job->cache_bytes += backend_->SequenceBytes(static_cast<int64_t>(p.size()) + g.max_new_tokens);
+    }
+    const int64_t n = static_cast<int64_t>(g.prompts.size());
+    if (n > options_.max_running_sequences) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "prompts: ", n, " sequences exceed the ", options_.max_running_sequences,
+          " the extractor generates at once (--max_running_sequences); send fewer per request"));
+    }
+    if (job->cache_bytes > options_.max_cache_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_new_tokens: the caches of ", n, " sequence(s) of prompt + ", g.max_new_tokens,
+          " tokens need ", job->cache_bytes, " bytes, more than the extractor's cache budget of ",
+          options_.max_cache_bytes, " (--kv_cache_bytes)"));
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!accepting_) return absl::UnavailableError("extractor is shutting down");
@@ -49,7 +69,7 @@ absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
 void Scheduler::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
   accepting_ = false;
-  idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_ && active_runs_ == 0; });
 }
 
 void Scheduler::Shutdown() {
@@ -82,6 +102,16 @@ int64_t Scheduler::queue_depth() const {
   return static_cast<int64_t>(queue_.size());
 }
 
+int64_t Scheduler::running_sequences() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_sequences_;
+}
+
+int64_t Scheduler::reserved_cache_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_bytes_;
+}
+
 void Scheduler::Reject(const std::shared_ptr<Job>& job, absl::Status status) {
   Job::Timing timing;
   timing.queue_seconds = Seconds(std::chrono::steady_clock::now() - job->enqueued);
@@ -92,21 +122,40 @@ void Scheduler::Reject(const std::shared_ptr<Job>& job, absl::Status status) {
   }
 }
 
+struct Scheduler::Run {
+  std::shared_ptr<Job> job;
+  std::vector<std::unique_ptr<GenerationSequence>> sequences;  // null once finished
+  std::vector<CompletionOutput> completions;                    // filled as each finishes
+  std::chrono::steady_clock::time_point start;
+  int rows = 1;  // the most sequences one decoding step it took part in shared
+  bool done() const {
+    for (const auto& s : sequences) {
+      if (s) return false;
+    }
+    return true;
+  }
+};
+
 void Scheduler::WorkerLoop() {
   while (true) {
-    std::vector<std::shared_ptr<Job>> batch;
+    std::vector<std::shared_ptr<Job>> batch;     // Extract jobs to run together
+    std::vector<std::shared_ptr<Job>> admitted;  // Generate jobs whose caches fit now
     // Jobs that will not run; completed after the lock is released (their callbacks take other
     // locks and talk to gRPC).
     std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> dropped;
+    bool stop = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_ && queue_.empty()) return;
-      // Take the first live job, then (for Extract) every following Extract job that keeps the
-      // padded batch within the token budget, in arrival order.
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || active_runs_ > 0; });
+      stop = stopping_;
+      if (stop && queue_.empty() && active_runs_ == 0) return;
+      // Extract jobs: the first live one, then every following one that keeps the padded batch
+      // within the token budget, in arrival order. Generate jobs: admitted in arrival order
+      // while their reservations fit (none overtakes an earlier one that waits).
       const auto now = std::chrono::steady_clock::now();
       int64_t longest = 0, sequences = 0;
-      for (auto it = queue_.begin(); it != queue_.end();) {
+      bool generate_waits = false;
+      for (auto it = queue_.begin(); !stop && it != queue_.end();) {
         std::shared_ptr<Job> job = *it;
         if (job->cancelled.load()) {
           it = queue_.erase(it);
@@ -118,44 +167,177 @@ void Scheduler::WorkerLoop() {
           dropped.emplace_back(job, absl::DeadlineExceededError("deadline passed while queued"));
           continue;
         }
-        if (batch.empty()) {
-          batch.push_back(job);
-          it = queue_.erase(it);
-          if (job->kind == Job::Kind::kGenerate) break;
-          longest = LongestSequence(*job);
-          sequences = SequenceCount(*job);
-          continue;
-        }
-        if (job->kind != Job::Kind::kExtract) {
-          ++it;
+        if (job->kind == Job::Kind::kGenerate) {
+          const int64_t n = SequenceCount(*job);
+          if (!generate_waits && running_sequences_ + n <= options_.max_running_sequences &&
+              reserved_bytes_ + job->cache_bytes <= options_.max_cache_bytes) {
+            running_sequences_ += n;
+            reserved_bytes_ += job->cache_bytes;
+            ++active_runs_;
+            admitted.push_back(job);
+            it = queue_.erase(it);
+          } else {
+            generate_waits = true;
+            ++it;
+          }
           continue;
         }
         const int64_t l = std::max(longest, LongestSequence(*job));
         const int64_t s = sequences + SequenceCount(*job);
-        if (l * s > options_.max_batch_tokens) break;
+        if (!batch.empty() && l * s > options_.max_batch_tokens) {
+          ++it;
+          continue;
+        }
         longest = l;
         sequences = s;
         batch.push_back(job);
         it = queue_.erase(it);
       }
-      busy_ = !batch.empty();
+      busy_ = !batch.empty() || active_runs_ > 0;
     }
     for (auto& [job, status] : dropped) Reject(job, status);
-    if (batch.empty()) {
-      idle_cv_.notify_all();
+    if (stop) {
+      // Shutdown: the generations in progress end now.
+      for (auto& run : runs_) FinishRun(*run, absl::UnavailableError("extractor shut down"));
+      runs_.clear();
       continue;
     }
-    if (batch.front()->kind == Job::Kind::kGenerate) {
-      RunGenerate(batch.front());
-    } else {
-      RunExtractBatch(batch);
-    }
+    if (!batch.empty()) RunExtractBatch(batch);
+    AdvanceGeneration(admitted);
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
     }
     idle_cv_.notify_all();
   }
+}
+
+void Scheduler::StartRun(const std::shared_ptr<Job>& job) {
+  auto run = std::make_unique<Run>();
+  run->job = job;
+  run->start = std::chrono::steady_clock::now();
+  for (const auto& prompt : job->generate.prompts) {
+    auto seq = backend_->StartSequence(prompt, job->generate);
+    if (!seq.ok()) {
+      FinishRun(*run, seq.status());
+      return;
+    }
+    run->sequences.push_back(std::move(*seq));
+  }
+  run->completions.resize(run->sequences.size());
+  runs_.push_back(std::move(run));
+}
+
+void Scheduler::AdvanceGeneration(std::vector<std::shared_ptr<Job>>& admitted) {
+  for (const auto& job : admitted) StartRun(job);
+  if (runs_.empty()) return;
+  std::vector<Run*> failed;
+  // One prefill chunk: the oldest sequence with prompt tokens left.
+  for (auto& run : runs_) {
+    GenerationSequence* pending = nullptr;
+    for (auto& s : run->sequences) {
+      if (s && s->pending_prompt_tokens() > 0 && !s->finished()) {
+        pending = s.get();
+        break;
+      }
+    }
+    if (pending == nullptr) continue;
+    absl::Status st = backend_->PrefillChunk(*pending);
+    if (!st.ok()) FinishRun(*run, st);
+    break;
+  }
+  // One decoding step of every sequence that is decoding.
+  std::vector<GenerationSequence*> rows;
+  std::vector<Run*> owners;
+  for (auto& run : runs_) {
+    if (run->job == nullptr) continue;
+    for (auto& s : run->sequences) {
+      if (s && s->decoding()) {
+        rows.push_back(s.get());
+        owners.push_back(run.get());
+      }
+    }
+  }
+  if (!rows.empty()) {
+    absl::Status st = backend_->DecodeStep(rows);
+    if (decode_observer_) decode_observer_(static_cast<int>(rows.size()));
+    for (Run* run : owners) {
+      run->rows = std::max(run->rows, static_cast<int>(rows.size()));
+      if (!st.ok() && run->job != nullptr) FinishRun(*run, st);
+    }
+  }
+  // Sequences that stopped give back their caches; requests whose last sequence stopped, that
+  // were cancelled or ran past their deadline, complete.
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& run : runs_) {
+    if (run->job == nullptr) continue;
+    for (size_t i = 0; i < run->sequences.size(); ++i) {
+      auto& s = run->sequences[i];
+      if (s && s->finished()) {
+        run->completions[i] = s->completion();
+        s.reset();
+      }
+    }
+    if (run->job->cancelled.load()) {
+      FinishRun(*run, absl::CancelledError("request cancelled"));
+    } else if (now > run->job->deadline) {
+      FinishRun(*run, absl::DeadlineExceededError("deadline exceeded"));
+    } else if (run->done()) {
+      FinishRun(*run, absl::OkStatus());
+    }
+  }
+  std::erase_if(runs_, [](const std::unique_ptr<Run>& r) { return r->job == nullptr; });
+}
+
+void Scheduler::FinishRun(Run& run, absl::Status status) {
+  if (run.job == nullptr) return;  // already finished
+  std::shared_ptr<Job> job = std::move(run.job);
+  run.job = nullptr;
+  absl::StatusOr<GenerateOutput> result = GenerateOutput();
+  if (!status.ok()) {
+    result = status;
+  } else {
+    GenerateOutput out;
+    out.completions = std::move(run.completions);
+    const GenerateWork& w = job->generate;
+    if (!w.selection.empty()) {
+      // Features of prompt + completion in one forward pass over each full sequence — the same
+      // values a training pipeline gets from Extract on those tokens.
+      ExtractWork ew;
+      for (size_t i = 0; i < w.prompts.size(); ++i) {
+        std::vector<int64_t> seq = w.prompts[i];
+        seq.insert(seq.end(), out.completions[i].tokens.begin(), out.completions[i].tokens.end());
+        ew.sequences.push_back(std::move(seq));
+      }
+      ew.selection = w.selection;
+      ew.wire_dtype = w.wire_dtype;
+      auto states = backend_->ExtractBatch({&ew});
+      if (states.ok()) {
+        out.states = std::move((*states)[0].states);
+        result = std::move(out);
+      } else {
+        result = states.status();
+      }
+    } else {
+      result = std::move(out);
+    }
+  }
+  run.sequences.clear();  // the caches go before the reservation is returned
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_sequences_ -= SequenceCount(*job);
+    reserved_bytes_ -= job->cache_bytes;
+    --active_runs_;
+  }
+  cv_.notify_all();  // Generate jobs waiting for room
+  idle_cv_.notify_all();
+  if (batch_observer_) batch_observer_(1, job->padded_tokens());
+  const auto end = std::chrono::steady_clock::now();
+  Job::Timing timing;
+  timing.queue_seconds = Seconds(run.start - job->enqueued);
+  timing.compute_seconds = Seconds(end - run.start);
+  timing.batch_requests = run.rows;
+  job->on_generate_done(std::move(result), timing);
 }
 
 void Scheduler::RunExtractBatch(std::vector<std::shared_ptr<Job>>& batch) {
@@ -181,23 +363,6 @@ void Scheduler::RunExtractBatch(std::vector<std::shared_ptr<Job>>& batch) {
       batch[i]->on_extract_done(std::move((*results)[i]), timing);
     }
   }
-}
-
-void Scheduler::RunGenerate(const std::shared_ptr<Job>& job) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = job->deadline;
-  auto stop = [job, deadline] {
-    return job->cancelled.load() || std::chrono::steady_clock::now() > deadline;
-  };
-  auto result = backend_->Generate(job->generate, stop);
-  const auto end = std::chrono::steady_clock::now();
-  if (batch_observer_) batch_observer_(1, job->padded_tokens());
-  Job::Timing timing;
-  timing.queue_seconds = Seconds(start - job->enqueued);
-  timing.compute_seconds = Seconds(end - start);
-  if (result.ok() && job->cancelled.load()) result = absl::CancelledError("request cancelled");
-  if (result.ok() && end > deadline) result = absl::DeadlineExceededError("deadline exceeded");
-  job->on_generate_done(std::move(result), timing);
 }
 
 }  // namespace specwire

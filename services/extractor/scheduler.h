@@ -1,6 +1,16 @@
-// The extractor's work queue: requests wait in a bounded queue; one worker thread owns the engine
-// and runs queued Extract requests together as one batch, up to a token budget (dynamic
-// batching). Generate requests run one at a time. Reactions (gRPC threads) only ever enqueue.
+// The extractor's work queue and its one worker thread, which owns the engine.
+//
+// Extract requests wait in a bounded queue and run together as one batch, up to a token budget
+// (dynamic batching). Generate requests are batched at the iteration level (continuous
+// batching): a request is admitted when its sequences' caches fit the budget (each reserves
+// prompt + max_new_tokens positions; otherwise it waits, in arrival order, and one that could
+// never fit is refused at once), its prompts are prefilled one chunk (kPrefillChunkTokens) at a
+// time, and every admitted sequence that is decoding takes one token per decoding step, shared
+// with all the others; a sequence leaves when it stops, a request completes when its last
+// sequence does. Each round of the worker runs at most one Extract batch, one prefill chunk and
+// one decoding step, so a short Extract never waits behind a long generation for more than a
+// round. Decoding rows do not change each other's numbers (DecoderModel::DecodeStep), so a
+// sequence's tokens are those it would get alone. Reactions (gRPC threads) only ever enqueue.
 // The scorer's ScoreWorker (services/scorer/score_worker.h) says why the two are not one queue.
 #pragma once
 
@@ -12,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +36,10 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 16384;
   // Requests waiting at most; one more gets RESOURCE_EXHAUSTED.
   int64_t max_queue = 64;
+  // Generation: sequences admitted at once (decoding or prefilling), and the bytes their caches
+  // may hold in all (--max_running_sequences, --kv_cache_bytes).
+  int64_t max_running_sequences = 64;
+  int64_t max_cache_bytes = int64_t{4} << 30;
 };
 
 // One request's work. Exactly one completion callback runs, once, on the worker thread (or on the
@@ -42,8 +57,11 @@ struct Job {
   struct Timing {
     double queue_seconds = 0;
     double compute_seconds = 0;
-    int batch_requests = 1;  // requests in the batch this job ran in
+    int batch_requests = 1;  // requests in the batch this job ran in (Generate: the most
+                             // sequences one of its decoding steps shared)
   };
+  // Generate: the bytes its sequences' caches reserve (set by Submit).
+  int64_t cache_bytes = 0;
   std::function<void(absl::StatusOr<ExtractOutput>, const Timing&)> on_extract_done;
   std::function<void(absl::StatusOr<GenerateOutput>, const Timing&)> on_generate_done;
 
@@ -68,15 +86,27 @@ class Scheduler {
   bool Remove(const std::shared_ptr<Job>& job, const absl::Status& status);
 
   int64_t queue_depth() const;
-  // Called after every batch on the worker thread: requests and padded tokens in it.
+  // Generation sequences admitted now, and the cache bytes they reserve.
+  int64_t running_sequences() const;
+  int64_t reserved_cache_bytes() const;
+  // Called on the worker thread after every Extract batch (requests and padded tokens in it) and
+  // when a Generate request completes (1, its prompts' padded tokens).
   void set_batch_observer(std::function<void(int requests, int64_t tokens)> f) {
     batch_observer_ = std::move(f);
   }
+  // Called on the worker thread after every decoding step: the sequences it served.
+  void set_decode_observer(std::function<void(int sequences)> f) { decode_observer_ = std::move(f); }
 
  private:
+  struct Run;  // an admitted Generate request (worker thread only)
+
   void WorkerLoop();
   void RunExtractBatch(std::vector<std::shared_ptr<Job>>& batch);
-  void RunGenerate(const std::shared_ptr<Job>& job);
+  // One round of generation: start the admitted, one prefill chunk, one decoding step, then
+  // complete what finished, was cancelled or ran past its deadline.
+  void AdvanceGeneration(std::vector<std::shared_ptr<Job>>& admitted);
+  void StartRun(const std::shared_ptr<Job>& job);
+  void FinishRun(Run& run, absl::Status status);
   // Completes a job that will not run (cancelled, deadline, shutdown).
   static void Reject(const std::shared_ptr<Job>& job, absl::Status status);
 
@@ -89,7 +119,13 @@ class Scheduler {
   bool accepting_ = true;
   bool stopping_ = false;
   bool busy_ = false;
+  // Admitted generation (under mu_): runs not yet finished, their sequences and cache bytes.
+  int64_t active_runs_ = 0;
+  int64_t running_sequences_ = 0;
+  int64_t reserved_bytes_ = 0;
+  std::vector<std::unique_ptr<Run>> runs_;  // worker thread only
   std::function<void(int, int64_t)> batch_observer_;
+  std::function<void(int)> decode_observer_;
   std::thread worker_;  // last: starts after everything above is initialised
 };
 

@@ -59,9 +59,25 @@ void AppendStates(const SequenceStates& st, const StateSelection& want, uint32_t
   }
 }
 
+// One prompt's generation: GreedySequence behind the rpc side's interface.
+class TorchSequence final : public GenerationSequence {
+ public:
+  explicit TorchSequence(std::unique_ptr<GreedySequence> s) : seq(std::move(s)) {}
+  int64_t pending_prompt_tokens() const override { return seq->pending_prompt_tokens(); }
+  bool decoding() const override { return seq->decoding(); }
+  bool finished() const override { return seq->finished(); }
+  void Cancel() override { seq->Cancel(); }
+  const std::vector<int64_t>& prompt() const override { return seq->prompt(); }
+  CompletionOutput completion() const override {
+    return {seq->result().tokens, seq->result().finish_reason};
+  }
+  std::unique_ptr<GreedySequence> seq;
+};
+
 class TorchBackend : public ExtractorBackend {
  public:
-  explicit TorchBackend(std::unique_ptr<ExtractionEngine> engine) : engine_(std::move(engine)) {}
+  explicit TorchBackend(std::unique_ptr<ExtractionEngine> engine)
+      : engine_(std::move(engine)), cache_cost_(MeasureCacheCost(engine_->model())) {}
 
   const ExtractionContract& contract() const override { return engine_->contract(); }
   int64_t vocab_size() const override { return engine_->config().vocab_size; }
@@ -107,35 +123,34 @@ class TorchBackend : public ExtractorBackend {
     return outputs;
   }
 
-  absl::StatusOr<GenerateOutput> Generate(const GenerateWork& work,
-                                          const std::function<bool()>& cancelled) override {
-    GenerateOutput out;
+  absl::StatusOr<std::unique_ptr<GenerationSequence>> StartSequence(
+      const std::vector<int64_t>& prompt, const GenerateWork& work) override {
     GenerateOptions opts;
     opts.max_new_tokens = work.max_new_tokens;
     opts.stop_token_ids = work.stop_token_ids;
     opts.use_config_eos = work.use_model_eos;
-    std::vector<std::vector<int64_t>> full;
-    for (const auto& prompt : work.prompts) {
-      if (cancelled()) return absl::CancelledError("request cancelled");
-      SW_ASSIGN_OR_RETURN(GenerateResult r,
-                          engine_->Generate(prompt, opts, [&](int64_t) { return !cancelled(); }));
-      if (r.finish_reason == "cancelled") return absl::CancelledError("request cancelled");
-      std::vector<int64_t> seq = prompt;
-      seq.insert(seq.end(), r.tokens.begin(), r.tokens.end());
-      full.push_back(std::move(seq));
-      out.completions.push_back({std::move(r.tokens), std::move(r.finish_reason)});
-    }
-    if (work.selection.empty()) return out;
-    // Features of prompt + completion in one forward pass over each full sequence — the same
-    // values a training pipeline gets from Extract on those tokens.
-    ExtractWork ew;
-    ew.sequences = std::move(full);
-    ew.selection = work.selection;
-    ew.wire_dtype = work.wire_dtype;
-    SW_ASSIGN_OR_RETURN(auto outputs, ExtractBatch({&ew}));
-    out.states = std::move(outputs[0].states);
-    return out;
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<GreedySequence> s,
+                        GreedySequence::Start(engine_->model(), prompt, opts));
+    return std::unique_ptr<GenerationSequence>(new TorchSequence(std::move(s)));
   }
+
+  absl::Status PrefillChunk(GenerationSequence& sequence) override {
+    return RunGuarded("generate (prefill)", [&]() -> absl::Status {
+      static_cast<TorchSequence&>(sequence).seq->PrefillChunk();
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status DecodeStep(const std::vector<GenerationSequence*>& sequences) override {
+    std::vector<GreedySequence*> batch;
+    for (GenerationSequence* s : sequences) batch.push_back(static_cast<TorchSequence*>(s)->seq.get());
+    return RunGuarded("generate (decode)", [&]() -> absl::Status {
+      specwire::DecodeStep(engine_->model(), batch);
+      return absl::OkStatus();
+    });
+  }
+
+  int64_t SequenceBytes(int64_t tokens) const override { return cache_cost_.Bytes(tokens); }
 
   absl::StatusOr<TensorBytes> GetTensor(const std::string& name) override {
     return engine_->StoredTensor(name);
@@ -143,6 +158,7 @@ class TorchBackend : public ExtractorBackend {
 
  private:
   std::unique_ptr<ExtractionEngine> engine_;
+  CacheCost cache_cost_;  // of one sequence's cache
 };
 
 }  // namespace

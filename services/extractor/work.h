@@ -77,8 +77,21 @@ struct TensorBytes {
   std::string digest;
 };
 
-// What the service needs from an engine. Implementations run on the service's worker thread(s);
-// calls never overlap on one instance. `cancelled` is polled between units of work.
+// One prompt's greedy generation in progress (its cache lives in the backend). The scheduler
+// prefills it chunk by chunk and decodes it in steps shared with every other sequence running.
+class GenerationSequence {
+ public:
+  virtual ~GenerationSequence() = default;
+  virtual int64_t pending_prompt_tokens() const = 0;  // prompt tokens not yet prefilled
+  virtual bool decoding() const = 0;                  // prefilled and not finished
+  virtual bool finished() const = 0;
+  virtual void Cancel() = 0;
+  virtual const std::vector<int64_t>& prompt() const = 0;
+  virtual CompletionOutput completion() const = 0;  // what it emitted so far, and why it stopped
+};
+
+// What the service needs from an engine. Implementations run on the service's worker thread;
+// calls never overlap on one instance.
 class ExtractorBackend {
  public:
   virtual ~ExtractorBackend() = default;
@@ -88,9 +101,24 @@ class ExtractorBackend {
   // Runs several requests' sequences as one batch; result i belongs to works[i].
   virtual absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) = 0;
-  virtual absl::StatusOr<GenerateOutput> Generate(const GenerateWork& work,
-                                                  const std::function<bool()>& cancelled) = 0;
   virtual absl::StatusOr<TensorBytes> GetTensor(const std::string& name) = 0;
+
+  // Generation, one sequence per prompt (UNIMPLEMENTED by default: a backend that only
+  // extracts). Start allocates the sequence's cache for prompt + work.max_new_tokens tokens.
+  virtual absl::StatusOr<std::unique_ptr<GenerationSequence>> StartSequence(
+      const std::vector<int64_t>& prompt, const GenerateWork& work) {
+    return absl::UnimplementedError("this backend does not generate");
+  }
+  // The next prefill chunk of one sequence (the last emits its first token).
+  virtual absl::Status PrefillChunk(GenerationSequence& sequence) {
+    return absl::UnimplementedError("this backend does not generate");
+  }
+  // One token for each sequence (all decoding), in one step.
+  virtual absl::Status DecodeStep(const std::vector<GenerationSequence*>& sequences) {
+    return absl::UnimplementedError("this backend does not generate");
+  }
+  // Bytes a sequence's cache holds for `tokens` positions (prompt + max_new_tokens).
+  virtual int64_t SequenceBytes(int64_t tokens) const { return 0; }
 };
 
 // HF output_hidden_states index of a state (see common/contract.h).

@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, target_checkpoint, "",
           "Read embed_tokens / lm_head from this local target checkpoint directory instead of "
           "the extractor's GetTensors (its config must match the extractor's contract).");
 ABSL_FLAG(int64_t, prefetch, 1, "Trajectories fetched ahead of the replay, per extractor.");
+ABSL_FLAG(int64_t, generates_per_extractor, 8,
+          "Generate calls in flight at once per extractor (it batches their decoding).");
 ABSL_FLAG(int, extractor_attempts, 6,
           "Attempts per prompt when an extractor call fails with UNAVAILABLE / ABORTED (the "
           "extractor went away); backoff 0.1 s doubling up to 2 s. 1: no retry.");
@@ -62,6 +64,7 @@ absl::StatusOr<ScoreRunnerOptions> RunnerOptionsFromFlags() {
   SW_ASSIGN_OR_RETURN(o.fetch.wire_dtype,
                       ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), absl::GetFlag(FLAGS_dtype)));
   o.fetch.prefetch_per_extractor = absl::GetFlag(FLAGS_prefetch);
+  o.fetch.generates_per_extractor = absl::GetFlag(FLAGS_generates_per_extractor);
   o.fetch.retry.max_attempts = std::max(1, absl::GetFlag(FLAGS_extractor_attempts));
   o.journal.results_dir = absl::GetFlag(FLAGS_results_dir);
   return o;

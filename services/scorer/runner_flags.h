@@ -1,7 +1,7 @@
 // The scoring runner's flags, shared by specwire-scorer and specwire-score (in-process and
 // --watch_dir), defined once here: the drafter's backend (--dtype, --device, --threads), where
 // the target's head comes from (--target_checkpoint, --cache_dir), how trajectories are fetched
-// (--wire_dtype, --prefetch, --extractor_attempts) and where completed prompts are kept
+// (--wire_dtype, --prefetch, --generates_per_extractor, --extractor_attempts) and where completed prompts are kept
 // (--results_dir).
 //
 // The limits a scorer SERVICE puts on jobs (ScoreLimits: --max_prompts_per_job,
@@ -21,7 +21,7 @@ TorchScorerOptions DrafterOptionsFromFlags();
 
 // head (--target_checkpoint; --cache_dir: its default $XDG_CACHE_HOME/specwire or
 // ~/.cache/specwire, "none" for no cache), fetch (--wire_dtype, "auto" resolved against
-// --dtype; --prefetch; --extractor_attempts), journal.results_dir (--results_dir). limits keep
+// --dtype; --prefetch; --generates_per_extractor; --extractor_attempts), journal.results_dir (--results_dir). limits keep
 // their defaults, log is unset. INVALID_ARGUMENT for a bad --wire_dtype.
 absl::StatusOr<ScoreRunnerOptions> RunnerOptionsFromFlags();
 

@@ -9,6 +9,9 @@
 
 namespace specwire {
 
+// Trajectories replayed in one lockstep batch at most.
+constexpr int64_t kMaxReplayBatch = 8;
+
 ScoreRunner::ScoreRunner(ScorerBackend* backend, ExtractorPool* pool, ScoreRunnerOptions options)
     : backend_(backend), pool_(pool), options_(std::move(options)) {}
 
@@ -172,26 +175,44 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const TreeSe
 
   while (!tally.complete()) {
     if (cancelled) return absl::CancelledError("request cancelled");
-    std::optional<FetchedTrajectory> item = fetcher.Next(std::chrono::milliseconds(50));
-    if (!item) continue;
-    SW_RETURN_IF_ERROR(item->trajectory.status());
-    const Trajectory& trajectory = *item->trajectory;
-    auto replayed = backend_->Replay(trajectory, trees, spec.sampling);
-    if (!replayed.ok()) {
-      return Annotate(replayed.status(), absl::StrCat("prompt ", item->index));
+    // The trajectories fetched so far (up to kMaxReplayBatch) replay together: one drafter
+    // forward per lockstep step for all of them.
+    std::vector<FetchedTrajectory> items;
+    for (auto wait = std::chrono::milliseconds(50);
+         static_cast<int64_t>(items.size()) < kMaxReplayBatch; wait = std::chrono::milliseconds(0)) {
+      std::optional<FetchedTrajectory> item = fetcher.Next(wait);
+      if (!item) break;
+      SW_RETURN_IF_ERROR(item->trajectory.status());
+      items.push_back(std::move(*item));
     }
-    PromptScore score;
-    score.prompt_index = item->index;
-    score.acceptance = std::move(*replayed);
-    score.acceptance.prompt_tokens = trajectory.prompt_len;
-    score.acceptance.completion_tokens =
-        static_cast<int64_t>(trajectory.tokens.size()) - score.acceptance.prompt_tokens;
-    score.finish_reason = item->finish_reason;
-    score.trajectory_digest = TrajectoryDigest(trajectory.tokens);
-    score.trajectory = trajectory.tokens;
-    score.tau = MeanStepLength(score.acceptance.step_lengths);
-    if (journal != nullptr) SW_RETURN_IF_ERROR(journal->Append(score));
-    tally.Record(score);
+    if (items.empty()) continue;
+    std::vector<const Trajectory*> batch;
+    for (const FetchedTrajectory& item : items) batch.push_back(&*item.trajectory);
+    auto replayed = backend_->ReplayBatch(batch, trees, spec.sampling);
+    if (!replayed.ok()) {
+      // Which prompt: replayed one by one, the first that fails names itself.
+      for (const FetchedTrajectory& item : items) {
+        auto one = backend_->Replay(*item.trajectory, trees, spec.sampling);
+        if (!one.ok()) return Annotate(one.status(), absl::StrCat("prompt ", item.index));
+      }
+      return replayed.status();
+    }
+    for (size_t k = 0; k < items.size(); ++k) {
+      const FetchedTrajectory* item = &items[k];
+      const Trajectory& trajectory = *item->trajectory;
+      PromptScore score;
+      score.prompt_index = item->index;
+      score.acceptance = std::move((*replayed)[k]);
+      score.acceptance.prompt_tokens = trajectory.prompt_len;
+      score.acceptance.completion_tokens =
+          static_cast<int64_t>(trajectory.tokens.size()) - score.acceptance.prompt_tokens;
+      score.finish_reason = item->finish_reason;
+      score.trajectory_digest = TrajectoryDigest(trajectory.tokens);
+      score.trajectory = trajectory.tokens;
+      score.tau = MeanStepLength(score.acceptance.step_lengths);
+      if (journal != nullptr) SW_RETURN_IF_ERROR(journal->Append(score));
+      tally.Record(score);
+    }
   }
   return absl::OkStatus();
 }

@@ -145,6 +145,13 @@ class TorchScorerBackend : public ScorerBackend {
 
   absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t, const TreeSettings& trees,
                                             const std::vector<SamplingSetting>& sampling) override {
+    SW_ASSIGN_OR_RETURN(std::vector<ResponseAcceptance> out, ReplayBatch({&t}, trees, sampling));
+    return std::move(out.front());
+  }
+
+  absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
+      const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
+      const std::vector<SamplingSetting>& sampling) override {
     if (!drafter_ && !eagle3_) return absl::FailedPreconditionError("no drafter loaded");
     if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
     if (!head_on_drafter_) {
@@ -152,6 +159,68 @@ class TorchScorerBackend : public ScorerBackend {
                                   : eagle3_->SetTargetEmbedding(head_embed_));
       head_on_drafter_ = true;
     }
+    for (size_t b = 0; b < batch.size(); ++b) {
+      absl::Status st = CheckTrajectory(*batch[b], !sampling.empty());
+      if (!st.ok()) {
+        return batch.size() == 1 ? st : Annotate(st, absl::StrCat("trajectory ", b, " of the batch"));
+      }
+    }
+    std::vector<ResponseAcceptance> out;
+    SW_RETURN_IF_ERROR(RunGuarded("acceptance replay", [&]() -> absl::Status {
+      std::vector<at::Tensor> features;
+      std::vector<ReplayInput> inputs;
+      for (const Trajectory* t : batch) {
+        std::vector<at::Tensor> parts;
+        for (const FeatureState& s : t->states)
+          parts.push_back(Borrow(s.bytes, {s.rows, s.hidden}, s.dtype));
+        // [T, n × H]: the states of target_layer_ids concatenated in that order (dflash's
+        // extract_context_feature); cat copies, so the wire bytes may go after this.
+        features.push_back(at::cat(parts, -1).to(device_, dtype_));
+      }
+      for (size_t b = 0; b < batch.size(); ++b) {
+        inputs.push_back(ReplayInput{&batch[b]->tokens, &features[b], batch[b]->prompt_len,
+                                     batch[b]->max_length});
+      }
+      ReplayOptions options;
+      options.max_batch = static_cast<int32_t>(std::max<size_t>(batch.size(), 1));
+      // DDTree reads a DFlash block's parallel marginals (ResolveTrees gives DFlash2 no tree).
+      if (trees.method == kTreeDDTree) options.ddtree_budgets = trees.budgets;
+      else options.ddtree_budgets.clear();
+      std::unique_ptr<BlockDrafter> block =
+          drafter_ ? MakeBlockDrafter(drafter_.get()) : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
+      // The trajectories replay in lockstep: one drafter forward for all their blocks.
+      out = AcceptanceReplay(block.get()).RunBatch(inputs, options);
+      // EAGLE's top-k tree: its own loop per budget (each step advances by the tree's
+      // acceptance), as specwire-replay eagle3-replay --tree replays it.
+      if (trees.method == kTreeEagle && eagle3_) {
+        ReplayOptions tree_options = options;
+        tree_options.ddtree_budgets.clear();
+        for (int32_t budget : trees.budgets) {
+          std::unique_ptr<BlockDrafter> tree = MakeTreeBlockDrafter(
+              eagle3_.get(), Eagle3TreeOptions{trees.depth, trees.top_k, budget});
+          std::vector<ResponseAcceptance> r = AcceptanceReplay(tree.get()).RunBatch(inputs, tree_options);
+          for (size_t b = 0; b < batch.size(); ++b) {
+            out[b].ddtree_step_lengths[budget] = std::move(r[b].step_lengths);
+          }
+        }
+      }
+      for (size_t b = 0; b < batch.size() && !sampling.empty(); ++b) {
+        const Trajectory& t = *batch[b];
+        const FeatureState& f = *t.final_norm;
+        at::Tensor normed = Borrow(f.bytes, {f.rows, f.hidden}, f.dtype).to(device_, dtype_);
+        out[b].sampled = TeacherForcedAcceptance(block.get(), t.tokens, features[b], t.prompt_len,
+                                                 t.max_length, out[b].step_lengths, normed,
+                                                 head_lm_, sampling);
+      }
+      return absl::OkStatus();
+    }));
+    return out;
+  }
+
+ private:
+  // The trajectory's states fit the drafter (and its final-norm state the target's lm_head when
+  // sampling settings are asked for). INVALID_ARGUMENT naming the state.
+  absl::Status CheckTrajectory(const Trajectory& t, bool sampling) const {
     const size_t layers = spec_.target_layer_ids.size();
     const int64_t width = spec_.target_hidden_size;
     if (layers == 0) return absl::FailedPreconditionError("the drafter's target layers are not resolved");
@@ -170,7 +239,7 @@ class TorchScorerBackend : public ScorerBackend {
             s.bytes.size(), " bytes), expected [", T, ", ", width, "]"));
       }
     }
-    if (!sampling.empty()) {
+    if (sampling) {
       if (!t.final_norm) {
         return absl::InvalidArgumentError("trajectory lacks the final-norm state the sampling "
                                           "settings need");
@@ -184,49 +253,9 @@ class TorchScorerBackend : public ScorerBackend {
             " bytes), expected [", T, ", ", head_lm_.size(1), "] (the target's lm_head)"));
       }
     }
-    ResponseAcceptance out;
-    SW_RETURN_IF_ERROR(RunGuarded("acceptance replay", [&]() -> absl::Status {
-      std::vector<at::Tensor> parts;
-      for (const FeatureState& s : t.states)
-        parts.push_back(Borrow(s.bytes, {s.rows, s.hidden}, s.dtype));
-      // [T, n × H]: the states of target_layer_ids concatenated in that order (dflash's
-      // extract_context_feature); cat copies, so the wire bytes may go after this.
-      at::Tensor features = at::cat(parts, -1).to(device_, dtype_);
-      ReplayOptions options;
-      options.max_length = t.max_length;
-      // DDTree reads a DFlash block's parallel marginals (ResolveTrees gives DFlash2 no tree).
-      if (trees.method == kTreeDDTree) options.ddtree_budgets = trees.budgets;
-      else options.ddtree_budgets.clear();
-      std::unique_ptr<BlockDrafter> block =
-          drafter_ ? MakeBlockDrafter(drafter_.get()) : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
-      AcceptanceReplay replay(block.get());
-      out = replay.Run(t.tokens, features, t.prompt_len, options);
-      // EAGLE's top-k tree: its own loop per budget (each step advances by the tree's
-      // acceptance), as specwire-replay eagle3-replay --tree replays it.
-      if (trees.method == kTreeEagle && eagle3_) {
-        ReplayOptions tree_options = options;
-        tree_options.ddtree_budgets.clear();
-        for (int32_t budget : trees.budgets) {
-          std::unique_ptr<BlockDrafter> tree = MakeTreeBlockDrafter(
-              eagle3_.get(), Eagle3TreeOptions{trees.depth, trees.top_k, budget});
-          out.ddtree_step_lengths[budget] =
-              AcceptanceReplay(tree.get()).Run(t.tokens, features, t.prompt_len, tree_options)
-                  .step_lengths;
-        }
-      }
-      if (!sampling.empty()) {
-        const FeatureState& f = *t.final_norm;
-        at::Tensor normed = Borrow(f.bytes, {f.rows, f.hidden}, f.dtype).to(device_, dtype_);
-        out.sampled = TeacherForcedAcceptance(block.get(), t.tokens, features, t.prompt_len,
-                                              t.max_length, out.step_lengths, normed, head_lm_,
-                                              sampling);
-      }
-      return absl::OkStatus();
-    }));
-    return out;
+    return absl::OkStatus();
   }
 
- private:
   // A copy in the drafter's dtype and device that this backend owns (never a view of `h`).
   at::Tensor Own(const HeldTensor& h) const {
     at::Tensor t = Borrow(h.bytes, h.shape, h.dtype);

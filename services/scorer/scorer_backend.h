@@ -109,6 +109,20 @@ class ScorerBackend {
   virtual absl::StatusOr<ResponseAcceptance> Replay(
       const Trajectory& trajectory, const TreeSettings& trees,
       const std::vector<SamplingSetting>& sampling) = 0;
+  // The same for several trajectories at once: result i is Replay(*batch[i], ...), step for
+  // step; the torch backend replays them in lockstep (one drafter forward for all their
+  // blocks). The default replays them one by one.
+  virtual absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
+      const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
+      const std::vector<SamplingSetting>& sampling) {
+    std::vector<ResponseAcceptance> out;
+    for (const Trajectory* t : batch) {
+      auto r = Replay(*t, trees, sampling);
+      if (!r.ok()) return r.status();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  }
 };
 
 struct TorchScorerOptions {

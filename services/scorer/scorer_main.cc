@@ -140,7 +140,11 @@ int main(int argc, char** argv) {
   start.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   start.credentials = *credentials;
   start.services = {&service};
-  if (eval) start.services.push_back(eval->service());
+  start.service_names = {"specwire.v1.Scorer"};
+  if (eval) {
+    start.services.push_back(eval->service());
+    start.service_names.push_back("specwire.v1.CheckpointScorer");
+  }
   start.metrics = {metrics.registry()};
   start.health_service = "specwire.v1.Scorer";
   // Inline prompts: 64 MiB of token ids is ~16M tokens; a larger request is refused by gRPC

@@ -248,13 +248,15 @@ TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
         if (request_.final_norm) s.final_norm = true;
         return s;
       }()) {
-  const int64_t workers = static_cast<int64_t>(endpoints_.size());
-  queue_ = std::make_unique<Queue>(workers *
-                                   (1 + std::max<int64_t>(options_.prefetch_per_extractor, 0)));
+  const int64_t per_extractor = std::max<int64_t>(options_.generates_per_extractor, 1);
+  const int64_t extractors = static_cast<int64_t>(endpoints_.size());
+  queue_ = std::make_unique<Queue>(
+      extractors * (per_extractor + std::max<int64_t>(options_.prefetch_per_extractor, 0)));
   tasks_ = std::make_unique<Tasks>(request_.todo, std::max(options_.retry.max_attempts, 1));
   try {
-    for (ExtractorEndpoint* e : endpoints_) {
-      threads_.emplace_back([this, e] { FetchLoop(e); });
+    // Interleaved, so that the first prompts go to every extractor, not all to the first.
+    for (int64_t k = 0; k < per_extractor; ++k) {
+      for (ExtractorEndpoint* e : endpoints_) threads_.emplace_back([this, e] { FetchLoop(e); });
     }
   } catch (...) {
     Stop();  // the threads already started must be joined before they are destroyed

@@ -43,6 +43,10 @@ struct TrajectoryOptions {
   // Trajectories fetched ahead of the replay, per extractor (memory: one trajectory's features
   // each).
   int64_t prefetch_per_extractor = 1;
+  // Generate calls in flight at once per extractor: the extractor decodes them in one batch
+  // (continuous batching), so a few keep its decoding steps full (--generates_per_extractor:
+  // 8).
+  int64_t generates_per_extractor = 1;
   // Generate calls that fail with a retryable code are tried again.
   ExtractorRetryPolicy retry;
 };
@@ -69,8 +73,9 @@ struct TrajectoryRequest {
   bool last_layer_is_final_norm = true;
 };
 
-// Fetches a job's trajectories: one thread per extractor, at most
-// extractors × (1 + prefetch_per_extractor) trajectories fetched or in flight at once. A prompt
+// Fetches a job's trajectories: generates_per_extractor threads per extractor, each with one
+// Generate in flight, and at most extractors × (generates_per_extractor +
+// prefetch_per_extractor) trajectories fetched or in flight at once. A prompt
 // whose Generate fails with a retryable code goes back to the queue for whichever extractor asks
 // next, until every extractor has used up its attempts at it. Stopping (or destroying) the
 // fetcher cancels the Generate calls in flight: the extractor frees their work at once.

@@ -94,7 +94,9 @@ def reference(scorer_factory, extractor, pair) -> dict:
 def test_scorer_retries_when_the_extractor_is_killed_and_restarted(
         scorer_factory, extractor_factory, pair, reference):
     ext = extractor_factory(pair["target"])
-    scorer = scorer_factory(ext.address)
+    # One Generate in flight (the default keeps several, which would all be done before the kill
+    # on this small job): the kill then lands on a prompt still to fetch.
+    scorer = scorer_factory(ext.address, args=("--generates_per_extractor=1",))
     msgs = []
     restarted = threading.Event()
     for m in stub(scorer).Score(request(pair), timeout=120):
@@ -128,7 +130,8 @@ def test_in_process_score_survives_losing_one_of_two_extractors(
            f"--drafter={pair['drafter']}", f"--prompts_file={prompts}",
            f"--max_new_tokens={MAX_NEW_TOKENS}", "--ddtree=4", "--dtype=float32", "--threads=1",
            f"--target_checkpoint={pair['target']}", "--cache_dir=none",
-           f"--json_out={tmp_path / 'r.json'}"]
+           # One Generate in flight per extractor: A still has prompts to serve when it goes.
+           "--generates_per_extractor=1", f"--json_out={tmp_path / 'r.json'}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # A has served a Generate: the job runs on both; A goes away for good.
     wait_for(lambda: metric_value(a.metrics(), "specwire_extractor_requests_total",
@@ -180,7 +183,9 @@ def journal_lines(path: Path) -> list[dict]:
 def test_scorer_restart_resumes_the_job_from_its_results_journal(
         scorer_factory, extractor, pair, reference, tmp_path):
     results_dir = tmp_path / "results"
-    scorer = scorer_factory(extractor.address, results_dir=results_dir)
+    # One Generate at a time: the job is still running when the scorer is killed.
+    scorer = scorer_factory(extractor.address, results_dir=results_dir,
+                            args=("--generates_per_extractor=1",))
     journal = results_dir / "job-a.jsonl"
     msgs = []
     with pytest.raises(grpc.RpcError) as info:
@@ -242,7 +247,9 @@ def test_job_id_is_validated(scorer_factory, extractor, pair, tmp_path):
 def test_specwire_score_resubmits_when_the_scorer_restarts(
         scorer_factory, extractor, pair, reference, tmp_path):
     results_dir = tmp_path / "results"
-    scorer = scorer_factory(extractor.address, results_dir=results_dir)
+    # One Generate at a time, so that the job is still running when the scorer is killed.
+    scorer = scorer_factory(extractor.address, results_dir=results_dir,
+                            args=("--generates_per_extractor=1",))
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(pair["prompts"]))
     cmd = [str(scorer_binary("specwire-score")), f"--scorer={scorer.address}",

@@ -196,11 +196,13 @@ def test_client_that_stops_reading_is_cancelled(server_factory, checkpoint):
 # --- admission control ---------------------------------------------------------------------------
 
 def test_queue_full_is_resource_exhausted(server_factory, checkpoint):
-    """--max_queue=1: one request runs, one waits, the others are refused at once: with a plain
-    status before any message (a request that had been queued would have had its contract
-    first), while the running and the waiting one are both still open."""
+    """--max_queue=1 (and one sequence generated at a time): one request runs, one waits, the
+    others are refused at once: with a plain status before any message (a request that had been
+    queued would have had its contract first), while the running and the waiting one are both
+    still open."""
     server = server_factory(checkpoint, metrics=False,
-                            args=("--max_queue=1", "--max_concurrent_streams=100"))
+                            args=("--max_queue=1", "--max_concurrent_streams=100",
+                                  "--max_running_sequences=1"))
     with ExtractorClient(server.address, timeout=30) as c:
         calls = []
         outcomes: dict[int, object] = {}
@@ -286,7 +288,8 @@ def test_too_many_streams_is_resource_exhausted(server_factory, checkpoint):
 # --- deadlines -----------------------------------------------------------------------------------
 
 def test_deadline_exceeded_and_the_server_keeps_serving(server_factory, checkpoint):
-    server = server_factory(checkpoint)
+    # One sequence generated at a time: a second Generate waits in the queue behind the first.
+    server = server_factory(checkpoint, args=("--max_running_sequences=1",))
     with ExtractorClient(server.address, timeout=30) as c:
         c.wait_ready()
         with pytest.raises(ExtractorError) as info:
@@ -300,16 +303,19 @@ def test_deadline_exceeded_and_the_server_keeps_serving(server_factory, checkpoi
         call = long_generate(c.stub)
         next(call)
         with pytest.raises(ExtractorError) as info:
-            c.extract([[1, 2, 3]], [0], timeout=0.5)
+            c.generate([[4, 5]], 3, timeout=0.5)
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        # The server takes it out of the queue at its deadline, not after the Generate: its
-        # callback runs (one more queue wait observed: the Extract's, the Generate has not
-        # ended) and its stream ends (one open stream left), while the Generate still runs.
+        # The server takes it out of the queue at its deadline, not after the running Generate:
+        # its callback runs (one more queue wait observed) and its stream ends (one open stream
+        # left), while the first Generate still runs.
         wait_for(lambda: _active_streams(server) == 1 and metric_value(
             server.metrics(), "specwire_extractor_queue_wait_seconds_count") == waits + 1, 10,
-            "the timed-out Extract to leave the queue and the server")
+            "the timed-out Generate to leave the queue and the server")
         assert metric_sum(server.metrics(), "specwire_extractor_requests_total",
-                          method="Generate") == 0
+                          method="Generate", code="OK") == 0
+        # An Extract does not wait for the generation: it runs between decoding steps.
+        out = c.extract([[1, 2, 3]], [0], dtype="fp32", timeout=10)
+        assert out[0]["layer.0"].shape == (3, 64)
         with pytest.raises(ExtractorError) as info:
             c.generate([[4, 5]], 3, timeout=0.3)
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -319,25 +325,29 @@ def test_deadline_exceeded_and_the_server_keeps_serving(server_factory, checkpoi
         [g] = c.generate([[4, 5]], 3, ignore_model_eos=True, timeout=10)
         assert len(g.completion_ids) == 3
     # Counted, as DEADLINE_EXCEEDED or (see the next test) CANCELLED.
-    wait_for(lambda: sum(metric_value(server.metrics(), "specwire_extractor_requests_total",
-                                      method="Extract", code=code)
-                         for code in ("DEADLINE_EXCEEDED", "CANCELLED")) >= 2, 10,
-             "the timed-out requests to be counted")
+    wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_requests_total",
+                                  method="Extract", code="DEADLINE_EXCEEDED") + metric_value(
+        server.metrics(), "specwire_extractor_requests_total", method="Extract",
+        code="CANCELLED") >= 1 and metric_value(
+        server.metrics(), "specwire_extractor_requests_total", method="Generate",
+        code="DEADLINE_EXCEEDED") + metric_value(
+        server.metrics(), "specwire_extractor_requests_total", method="Generate",
+        code="CANCELLED") >= 3, 10, "the timed-out requests to be counted")
 
 
 def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
-    server = server_factory(checkpoint)
+    server = server_factory(checkpoint, args=("--max_running_sequences=1",))
     with ExtractorClient(server.address, timeout=30) as c:
         call = long_generate(c.stub)
         next(call)
         with pytest.raises(ExtractorError) as info:
-            c.extract([[1, 2, 3]], [0], timeout=0.3)
+            c.generate([[1, 2, 3]], 3, timeout=0.3)  # waits behind the first
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         call.cancel()
         wait_for(lambda: metric_value(server.metrics(), "specwire_extractor_requests_total",
                                       method="Generate", code="CANCELLED") == 1, 10, "the cancel")
         text = server.metrics()
-        assert metric_value(text, "specwire_extractor_requests_total", method="Extract",
+        assert metric_value(text, "specwire_extractor_requests_total", method="Generate",
                             code="DEADLINE_EXCEEDED") == 1, [
             line for line in text.splitlines() if line.startswith("specwire_extractor_requests")]
 
@@ -345,11 +355,13 @@ def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
 # --- graceful shutdown ---------------------------------------------------------------------------
 
 def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
-    """SIGTERM: a running Generate and an Extract queued behind it both finish OK with their
-    trailers; a request sent after SIGTERM is refused; then the process exits 0."""
-    # Long enough to still run when the Extract arrives on an idle machine (a tiny model decodes
+    """SIGTERM: a running Generate and a Generate queued behind it (two sequences generated at a
+    time, the second request has two; an Extract would not wait: it runs between decoding steps)
+    both finish OK with their trailers; a request sent after SIGTERM is refused; then the process
+    exits 0."""
+    # Long enough to still run when the second arrives on an idle machine (a tiny model decodes
     # thousands of tokens a second), with a drain window that a loaded one cannot exceed.
-    server = server_factory(checkpoint, args=("--drain_seconds=150",))
+    server = server_factory(checkpoint, args=("--drain_seconds=150", "--max_running_sequences=2"))
     prompt = random_sequences([4], seed=7)[0]
     seqs = random_sequences([6, 9], seed=8)
     results: dict[str, object] = {}
@@ -366,10 +378,10 @@ def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
             [prompt], DRAIN_GENERATE, ignore_model_eos=True, layer_ids=[1], dtype="fp32")))
         gen.start()
         wait_for(lambda: _active_streams(server) == 1, 5, "the Generate to start")
-        ext = threading.Thread(target=run, args=("extract", lambda: c.extract_stream(
-            seqs, [0, 2], dtype="fp32")))
+        ext = threading.Thread(target=run, args=("queued", lambda: c.generate(
+            seqs, 5, ignore_model_eos=True, layer_ids=[0, 2], dtype="fp32")))
         ext.start()
-        wait_for(lambda: _active_streams(server) == 2, 5, "the Extract to be queued")
+        wait_for(lambda: _active_streams(server) == 2, 5, "the second Generate to be queued")
         server.signal(signal.SIGTERM)
         wait_for(lambda: "draining" in server.log(), 5, "the server to start draining")
         with pytest.raises(ExtractorError) as info:
@@ -378,12 +390,12 @@ def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
         gen.join(timeout=180)
         ext.join(timeout=180)
     assert not isinstance(results["generate"], Exception), results["generate"]
-    assert not isinstance(results["extract"], Exception), results["extract"]
+    assert not isinstance(results["queued"], Exception), results["queued"]
     [g] = results["generate"]
     assert len(g.completion_ids) == DRAIN_GENERATE
     assert g.states["layer.1"].shape == (DRAIN_GENERATE + 4, 64)
-    res = results["extract"]
-    assert res.trailer.sequences == 2 and [s["layer.2"].shape[0] for s in res.sequences] == [6, 9]
+    queued = results["queued"]
+    assert [r.states["layer.2"].shape[0] for r in queued] == [6 + 5, 9 + 5]
     assert server.proc.wait(timeout=60) == 0
     assert "stopped" in server.log()
 

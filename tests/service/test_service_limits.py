@@ -4,8 +4,11 @@ health Watch streams that end when the server drains, and reflection that resolv
 served service (health included)."""
 from __future__ import annotations
 
+import shutil
 import signal
+import sys
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
@@ -157,3 +160,65 @@ def test_streams_per_peer_are_capped(server_factory, checkpoint):
                  30, "the first stream to close")
         with ExtractorClient(server.address, timeout=60) as c:
             assert c.extract([[1, 2]], [0])[0]["layer.0"].shape[0] == 2
+
+
+def _reflection_v1_stubs(tmp: Path):
+    """Python stubs of proto/grpc/reflection/v1/reflection.proto, made with grpc_tools."""
+    import importlib
+
+    from grpc_tools import protoc
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp / "gen"
+    out.mkdir()
+    # A file name of its own, so the generated module is top-level and unique.
+    shutil.copy(repo / "proto/grpc/reflection/v1/reflection.proto",
+                out / "specwire_test_reflection_v1.proto")
+    assert protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}",
+                        str(out / "specwire_test_reflection_v1.proto")]) == 0
+    sys.path.insert(0, str(out))
+    try:
+        pb2 = importlib.import_module("specwire_test_reflection_v1_pb2")
+        pb2_grpc = importlib.import_module("specwire_test_reflection_v1_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+    return pb2, pb2_grpc
+
+
+def test_reflection_v1_lists_and_resolves_every_service(fp32_server, tmp_path):
+    """grpc.reflection.v1 (what current grpcurl and grpcui ask first) answers like v1alpha: the
+    same services, each resolvable from the files it returns; unknown names are NOT_FOUND in the
+    stream's error response, and the stream stays usable."""
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase)
+
+    pb2, pb2_grpc = _reflection_v1_stubs(tmp_path)
+    R = pb2.ServerReflectionRequest
+    with grpc.insecure_channel(fp32_server.address) as ch:
+        alpha = set(ProtoReflectionDescriptorDatabase(ch).get_services())
+        stub = pb2_grpc.ServerReflectionStub(ch)
+        requests = [R(list_services="")]
+        requests += [R(file_containing_symbol=name) for name in sorted(alpha)]
+        requests += [R(file_by_filename="no/such.proto"), R(file_containing_symbol="no.Such"),
+                     R(file_by_filename="proto/specwire/v1/extractor.proto")]
+        responses = list(stub.ServerReflectionInfo(iter(requests), timeout=30))
+    assert len(responses) == len(requests)
+    listed = {s.name for s in responses[0].list_services_response.service}
+    assert listed == alpha | {"grpc.reflection.v1.ServerReflection"}, (listed, alpha)
+    assert "grpc.reflection.v1alpha.ServerReflection" in alpha
+    for name, r in zip(sorted(alpha), responses[1:1 + len(alpha)]):
+        assert r.original_request.file_containing_symbol == name
+        pool = DescriptorPool()
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in r.file_descriptor_response.file_descriptor_proto]
+        assert files, name
+        for f in reversed(files):  # dependencies come after the file that needs them
+            pool.Add(f)
+        assert pool.FindServiceByName(name).methods, name
+    for r in responses[-3:-1]:
+        assert r.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0], r
+    files = responses[-1].file_descriptor_response.file_descriptor_proto
+    first = descriptor_pb2.FileDescriptorProto.FromString(files[0])
+    assert first.name == "proto/specwire/v1/extractor.proto"
+    assert {m.name for m in first.service[0].method} >= {"Extract", "Generate", "GetTensors"}
