@@ -33,23 +33,20 @@ Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
   if (job->kind == Job::Kind::kGenerate) {
-    // What its caches reserve while it runs; one that could never be admitted is refused now.
+    // What each prompt's cache reserves while it runs; one that could never fit is refused now.
     const auto& g = job->generate;
-    job->cache_bytes = 0;
-    for (const auto& p : g.prompts) {
-      job->cache_bytes += backend_->SequenceBytes(static_cast<int64_t>(p.size()) + g.max_new_tokens);
-    }
-    const int64_t n = static_cast<int64_t>(g.prompts.size());
-    if (n > options_.max_running_sequences) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "prompts: ", n, " sequences exceed the ", options_.max_running_sequences,
-          " the extractor generates at once (--max_running_sequences); send fewer per request"));
-    }
-    if (job->cache_bytes > options_.max_cache_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_new_tokens: the caches of ", n, " sequence(s) of prompt + ", g.max_new_tokens,
-          " tokens need ", job->cache_bytes, " bytes, more than the extractor's cache budget of ",
-          options_.max_cache_bytes, " (--kv_cache_bytes)"));
+    if (g.prompts.empty()) return absl::InvalidArgumentError("prompts: no prompt given");
+    job->cache_bytes.clear();
+    for (size_t i = 0; i < g.prompts.size(); ++i) {
+      const int64_t tokens = static_cast<int64_t>(g.prompts[i].size()) + g.max_new_tokens;
+      job->cache_bytes.push_back(backend_->SequenceBytes(tokens));
+      if (job->cache_bytes.back() > options_.max_cache_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "max_new_tokens: prompts[", i, "] + ", g.max_new_tokens, " new tokens (", tokens,
+            " positions) need ", job->cache_bytes.back(),
+            " bytes of cache, more than the extractor's budget of ", options_.max_cache_bytes,
+            " (--kv_cache_bytes)"));
+      }
     }
   }
   {
@@ -124,17 +121,41 @@ void Scheduler::Reject(const std::shared_ptr<Job>& job, absl::Status status) {
 
 struct Scheduler::Run {
   std::shared_ptr<Job> job;
-  std::vector<std::unique_ptr<GenerationSequence>> sequences;  // null once finished
-  std::vector<CompletionOutput> completions;                    // filled as each finishes
+  // One per prompt: null before it starts and after it stops (its cache given back).
+  std::vector<std::unique_ptr<GenerationSequence>> sequences;
+  std::vector<CompletionOutput> completions;  // filled as each stops
+  size_t started = 0;                          // sequences started so far, in prompt order
   std::chrono::steady_clock::time_point start;
   int rows = 1;  // the most sequences one decoding step it took part in shared
   bool done() const {
+    if (started < sequences.size()) return false;
     for (const auto& s : sequences) {
       if (s) return false;
     }
     return true;
   }
 };
+
+bool Scheduler::Reserve(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_sequences_ + 1 > options_.max_running_sequences ||
+      reserved_bytes_ + bytes > options_.max_cache_bytes) {
+    return false;
+  }
+  running_sequences_ += 1;
+  reserved_bytes_ += bytes;
+  pending_starts_ -= 1;
+  return true;
+}
+
+void Scheduler::Release(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_sequences_ -= 1;
+    reserved_bytes_ -= bytes;
+  }
+  cv_.notify_all();  // Generate jobs waiting for room
+}
 
 void Scheduler::WorkerLoop() {
   while (true) {
@@ -168,12 +189,16 @@ void Scheduler::WorkerLoop() {
           continue;
         }
         if (job->kind == Job::Kind::kGenerate) {
-          const int64_t n = SequenceCount(*job);
-          if (!generate_waits && running_sequences_ + n <= options_.max_running_sequences &&
-              reserved_bytes_ + job->cache_bytes <= options_.max_cache_bytes) {
-            running_sequences_ += n;
-            reserved_bytes_ += job->cache_bytes;
+          // Admitted when its first sequence fits (the rest start as room frees up), and only
+          // while no earlier run still has sequences waiting for room.
+          const int64_t first = job->cache_bytes.empty() ? 0 : job->cache_bytes.front();
+          if (!generate_waits && pending_starts_ == 0 &&
+              running_sequences_ + 1 <= options_.max_running_sequences &&
+              reserved_bytes_ + first <= options_.max_cache_bytes) {
+            running_sequences_ += 1;
+            reserved_bytes_ += first;
             ++active_runs_;
+            pending_starts_ += SequenceCount(*job) - 1;
             admitted.push_back(job);
             it = queue_.erase(it);
           } else {
@@ -216,19 +241,43 @@ void Scheduler::StartRun(const std::shared_ptr<Job>& job) {
   auto run = std::make_unique<Run>();
   run->job = job;
   run->start = std::chrono::steady_clock::now();
-  for (const auto& prompt : job->generate.prompts) {
-    auto seq = backend_->StartSequence(prompt, job->generate);
+  const size_t n = job->generate.prompts.size();
+  run->sequences.resize(n);
+  run->completions.resize(n);
+  Run& r = *run;
+  runs_.push_back(std::move(run));
+  // The first sequence's room was reserved on admission.
+  auto seq = backend_->StartSequence(job->generate.prompts[0], job->generate);
+  r.started = 1;
+  if (!seq.ok()) {
+    Release(job->cache_bytes[0]);
+    FinishRun(r, seq.status());
+    return;
+  }
+  r.sequences[0] = std::move(*seq);
+  StartSequences(r);
+}
+
+void Scheduler::StartSequences(Run& run) {
+  const GenerateWork& w = run.job->generate;
+  while (run.job != nullptr && run.started < run.sequences.size() &&
+         Reserve(run.job->cache_bytes[run.started])) {
+    const size_t i = run.started++;
+    auto seq = backend_->StartSequence(w.prompts[i], w);
     if (!seq.ok()) {
-      FinishRun(*run, seq.status());
+      Release(run.job->cache_bytes[i]);
+      FinishRun(run, seq.status());
       return;
     }
-    run->sequences.push_back(std::move(*seq));
+    run.sequences[i] = std::move(*seq);
   }
-  run->completions.resize(run->sequences.size());
-  runs_.push_back(std::move(run));
 }
 
 void Scheduler::AdvanceGeneration(std::vector<std::shared_ptr<Job>>& admitted) {
+  // Earlier runs' waiting sequences first (arrival order), then the newly admitted.
+  for (auto& run : runs_) {
+    if (run->job != nullptr) StartSequences(*run);
+  }
   for (const auto& job : admitted) StartRun(job);
   if (runs_.empty()) return;
   std::vector<Run*> failed;
@@ -276,6 +325,7 @@ void Scheduler::AdvanceGeneration(std::vector<std::shared_ptr<Job>>& admitted) {
       if (s && s->finished()) {
         run->completions[i] = s->completion();
         s.reset();
+        Release(run->job->cache_bytes[i]);
       }
     }
     if (run->job->cancelled.load()) {
@@ -322,11 +372,21 @@ void Scheduler::FinishRun(Run& run, absl::Status status) {
       result = std::move(out);
     }
   }
-  run.sequences.clear();  // the caches go before the reservation is returned
+  // The caches still held go before their reservations are returned; sequences never started
+  // no longer wait for room.
+  int64_t held = 0, running = 0;
+  for (size_t i = 0; i < run.sequences.size(); ++i) {
+    if (run.sequences[i]) {
+      run.sequences[i].reset();
+      held += job->cache_bytes[i];
+      ++running;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    running_sequences_ -= SequenceCount(*job);
-    reserved_bytes_ -= job->cache_bytes;
+    running_sequences_ -= running;
+    reserved_bytes_ -= held;
+    pending_starts_ -= static_cast<int64_t>(run.sequences.size() - run.started);
     --active_runs_;
   }
   cv_.notify_all();  // Generate jobs waiting for room

@@ -2,12 +2,13 @@
 //
 // Extract requests wait in a bounded queue and run together as one batch, up to a token budget
 // (dynamic batching). Generate requests are batched at the iteration level (continuous
-// batching): a request is admitted when its sequences' caches fit the budget (each reserves
-// prompt + max_new_tokens positions; otherwise it waits, in arrival order, and one that could
-// never fit is refused at once), its prompts are prefilled one chunk (kPrefillChunkTokens) at a
-// time, and every admitted sequence that is decoding takes one token per decoding step, shared
-// with all the others; a sequence leaves when it stops, a request completes when its last
-// sequence does. Each round of the worker runs at most one Extract batch, one prefill chunk and
+// batching): a request's sequences start when their caches fit the budget (each reserves
+// prompt + max_new_tokens positions while it runs; requests are served in arrival order, a
+// request with more prompts than fit at once runs them in waves, and a prompt that could never
+// fit is refused at once), their prompts are prefilled one chunk (kPrefillChunkTokens) at a
+// time, and every sequence that is decoding takes one token per decoding step, shared with all
+// the others; a sequence leaves (and gives its cache back) when it stops, a request completes
+// when its last sequence does. Each round of the worker runs at most one Extract batch, one prefill chunk and
 // one decoding step, so a short Extract never waits behind a long generation for more than a
 // round. Decoding rows do not change each other's numbers (DecoderModel::DecodeStep), so a
 // sequence's tokens are those it would get alone. Reactions (gRPC threads) only ever enqueue.
@@ -36,7 +37,7 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 16384;
   // Requests waiting at most; one more gets RESOURCE_EXHAUSTED.
   int64_t max_queue = 64;
-  // Generation: sequences admitted at once (decoding or prefilling), and the bytes their caches
+  // Generation: sequences running at once (decoding or prefilling), and the bytes their caches
   // may hold in all (--max_running_sequences, --kv_cache_bytes).
   int64_t max_running_sequences = 64;
   int64_t max_cache_bytes = int64_t{4} << 30;
@@ -60,8 +61,8 @@ struct Job {
     int batch_requests = 1;  // requests in the batch this job ran in (Generate: the most
                              // sequences one of its decoding steps shared)
   };
-  // Generate: the bytes its sequences' caches reserve (set by Submit).
-  int64_t cache_bytes = 0;
+  // Generate: the bytes each prompt's cache reserves while it runs (set by Submit).
+  std::vector<int64_t> cache_bytes;
   std::function<void(absl::StatusOr<ExtractOutput>, const Timing&)> on_extract_done;
   std::function<void(absl::StatusOr<GenerateOutput>, const Timing&)> on_generate_done;
 
@@ -106,6 +107,11 @@ class Scheduler {
   // complete what finished, was cancelled or ran past its deadline.
   void AdvanceGeneration(std::vector<std::shared_ptr<Job>>& admitted);
   void StartRun(const std::shared_ptr<Job>& job);
+  // Starts the run's next sequences while they fit (the first is reserved on admission).
+  void StartSequences(Run& run);
+  // Reserves room for one sequence of `bytes` if it fits now.
+  bool Reserve(int64_t bytes);
+  void Release(int64_t bytes);
   void FinishRun(Run& run, absl::Status status);
   // Completes a job that will not run (cancelled, deadline, shutdown).
   static void Reject(const std::shared_ptr<Job>& job, absl::Status status);
@@ -119,10 +125,12 @@ class Scheduler {
   bool accepting_ = true;
   bool stopping_ = false;
   bool busy_ = false;
-  // Admitted generation (under mu_): runs not yet finished, their sequences and cache bytes.
+  // Admitted generation (under mu_): runs not yet finished, their running sequences and the
+  // cache bytes those reserve.
   int64_t active_runs_ = 0;
   int64_t running_sequences_ = 0;
   int64_t reserved_bytes_ = 0;
+  int64_t pending_starts_ = 0;  // sequences of admitted runs still waiting for room
   std::vector<std::unique_ptr<Run>> runs_;  // worker thread only
   std::function<void(int, int64_t)> batch_observer_;
   std::function<void(int)> decode_observer_;

@@ -6,10 +6,10 @@
   metrics show decoding steps that served several sequences.
 - Fair scheduling, by the order of completion (no timing): a short Extract sent after four long
   Generates started completes before any of them.
-- The cache budget: a request whose caches can never fit --kv_cache_bytes (or whose prompts
-  exceed --max_running_sequences) is refused with RESOURCE_EXHAUSTED naming the flag; with a
-  budget that admits one sequence at a time, concurrent requests wait their turn and still get
-  the same tokens.
+- The cache budget: a prompt whose cache can never fit --kv_cache_bytes is refused with
+  RESOURCE_EXHAUSTED naming the flag; with a budget that runs one sequence at a time (and
+  --max_running_sequences 2), concurrent requests wait their turn, a request with more prompts
+  than run at once runs them in waves, and all get the same tokens as alone.
 """
 from __future__ import annotations
 
@@ -144,11 +144,9 @@ def test_cache_budget_refuses_what_never_fits_and_queues_the_rest(server_factory
             c.generate([[1, 2, 3]], 400, ignore_model_eos=True)
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--kv_cache_bytes" in e.value.details and "max_new_tokens" in e.value.details
-        with pytest.raises(ExtractorError) as e:
-            c.generate([[1], [2], [3]], 4, ignore_model_eos=True)
-        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "--max_running_sequences" in e.value.details
         requests = [{"prompts": [[i + 1] * (5 + i)], "max_new_tokens": 200} for i in range(6)]
+        # More prompts than run at once (two): they run in waves, as room frees up.
+        requests.append({"prompts": [[7, 8], [9], [10, 11, 12]], "max_new_tokens": 50})
         alone = [generate(c, r) for r in requests]
         with ThreadPoolExecutor(len(requests)) as pool:
             together = list(pool.map(lambda r: generate(c, r), requests))
