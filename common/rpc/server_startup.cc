@@ -120,6 +120,11 @@ std::string RunningServer::Describe() const {
                       exposer_ ? absl::StrCat(", metrics on ", options_.metrics_listen) : "");
 }
 
+void RunningServer::SetServing(bool serving) {
+  health_->SetStatus("", serving);
+  if (!options_.health_service.empty()) health_->SetStatus(options_.health_service, serving);
+}
+
 void RunningServer::BeginDrain() { health_->Drain(); }
 
 void RunningServer::Stop(std::chrono::system_clock::time_point deadline) {

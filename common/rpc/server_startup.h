@@ -62,6 +62,9 @@ class RunningServer {
   // Health NOT_SERVING for the server and every service, and every health Watch stream ended (so
   // none holds the shutdown); calls are still served.
   void BeginDrain();
+  // Health of the server ("") and of health_service: SERVING or NOT_SERVING (a server that
+  // cannot admit work now). Ignored once the drain began.
+  void SetServing(bool serving);
   // grpc::Server::Shutdown: no new calls; calls in flight get until `deadline`, then are
   // cancelled. Returns when every call has ended.
   void Stop(std::chrono::system_clock::time_point deadline);

@@ -5,6 +5,7 @@
 // their own address, and drains gracefully on SIGTERM / SIGINT: new calls are refused, queued and
 // running ones finish (up to --drain_seconds). Start-up and shutdown are the steps every server
 // shares (common/rpc/server_startup.h).
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -157,8 +158,14 @@ int main(int argc, char** argv) {
   // Requests are small; responses are bounded by the chunk limit plus framing.
   start.max_receive_message_bytes = 64 << 20;
   start.max_send_message_bytes = static_cast<int>(limits.max_send_message_bytes);
+  // Health says NOT_SERVING while every stream slot is taken (the server is known once started).
+  std::atomic<RunningServer*> running{nullptr};
+  service.set_capacity_observer([&running](bool has_room) {
+    if (RunningServer* s = running.load()) s->SetServing(has_room);
+  });
   auto server = RunningServer::Start(std::move(start));
   if (!server.ok()) return Fail(std::string(server.status().message()));
+  running.store(server->get());
 
   const auto& c = (*backend)->contract();
   std::cout << "specwire-extractor: serving " << c.architecture << " (" << c.num_layers
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
   scheduler.Drain();
   (*server)->Stop(std::chrono::system_clock::now() +
                   std::chrono::seconds(server_flags.drain_seconds));
+  running.store(nullptr);
   scheduler.Shutdown();
   std::cout << "specwire-extractor: stopped" << std::endl;
   return 0;

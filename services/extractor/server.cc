@@ -248,7 +248,17 @@ absl::Status ExtractorService::TryOpenStream(const grpc::CallbackServerContext* 
     ++n;
   }
   metrics_->StreamOpened();
+  UpdateCapacity();
   return absl::OkStatus();
+}
+
+void ExtractorService::UpdateCapacity() {
+  if (!capacity_observer_) return;
+  std::lock_guard<std::mutex> lock(capacity_mu_);
+  const bool room = active_streams_.load() < limits_.max_concurrent_streams;
+  if (room == had_room_) return;
+  had_room_ = room;
+  capacity_observer_(room);
 }
 
 void ExtractorService::CloseStream(const std::string& peer) {
@@ -259,6 +269,7 @@ void ExtractorService::CloseStream(const std::string& peer) {
   }
   active_streams_.fetch_sub(1);
   metrics_->StreamClosed();
+  UpdateCapacity();
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> ExtractorService::ResolveInputs(

@@ -73,6 +73,12 @@ class ExtractorService final : public v1::Extractor::CallbackService {
 
   // Streams currently open (for the concurrency limit).
   int64_t active_streams() const { return active_streams_.load(); }
+  // Called with false when every stream slot is taken (a new Extract / Generate / GetTensors
+  // would be refused) and with true when one frees again: health then says NOT_SERVING while
+  // no work can be admitted. Set before the server serves.
+  void set_capacity_observer(std::function<void(bool has_room)> f) {
+    capacity_observer_ = std::move(f);
+  }
 
  private:
   // The one skeleton of the Extract and Generate streams (server.cc; `Rpc` is ExtractRpc or
@@ -104,6 +110,11 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   ExtractorMetrics* metrics_;
   ExtractorLimits limits_;
   std::atomic<int64_t> active_streams_{0};
+  // Tells capacity_observer_ when "a slot is free" changes (under capacity_mu_).
+  void UpdateCapacity();
+  std::function<void(bool)> capacity_observer_;
+  std::mutex capacity_mu_;
+  bool had_room_ = true;
   std::mutex peers_mu_;
   std::map<std::string, int64_t> streams_by_peer_;  // open streams per client address
   StreamWatchdog idle_watchdog_;

@@ -22,7 +22,7 @@ from specwire_client import ExtractorClient, ExtractorError, extractor_pb2 as pb
 # Tokens: a tiny model on an idle machine decodes thousands of tokens a second, so this is
 # minutes of work, always cancelled long before it ends.
 LONG_GENERATE = 100000
-DRAIN_GENERATE = 3000  # tokens of the Generate that SIGTERM must let finish
+DRAIN_GENERATE = 6000  # tokens of the Generate that SIGTERM must let finish
 
 
 def long_generate(stub, request_id: str = "long") -> grpc.Call:
@@ -355,13 +355,12 @@ def test_deadline_is_counted_as_deadline_exceeded(server_factory, checkpoint):
 # --- graceful shutdown ---------------------------------------------------------------------------
 
 def test_sigterm_drains_in_flight_requests(server_factory, checkpoint):
-    """SIGTERM: a running Generate and a Generate queued behind it (two sequences generated at a
-    time, the second request has two; an Extract would not wait: it runs between decoding steps)
-    both finish OK with their trailers; a request sent after SIGTERM is refused; then the process
-    exits 0."""
+    """SIGTERM: a running Generate and a two-prompt Generate queued behind it (one sequence
+    generated at a time; an Extract would not wait: it runs between decoding steps) both finish
+    OK with their trailers; a request sent after SIGTERM is refused; then the process exits 0."""
     # Long enough to still run when the second arrives on an idle machine (a tiny model decodes
     # thousands of tokens a second), with a drain window that a loaded one cannot exceed.
-    server = server_factory(checkpoint, args=("--drain_seconds=150", "--max_running_sequences=2"))
+    server = server_factory(checkpoint, args=("--drain_seconds=150", "--max_running_sequences=1"))
     prompt = random_sequences([4], seed=7)[0]
     seqs = random_sequences([6, 9], seed=8)
     results: dict[str, object] = {}

@@ -222,3 +222,32 @@ def test_reflection_v1_lists_and_resolves_every_service(fp32_server, tmp_path):
     first = descriptor_pb2.FileDescriptorProto.FromString(files[0])
     assert first.name == "proto/specwire/v1/extractor.proto"
     assert {m.name for m in first.service[0].method} >= {"Extract", "Generate", "GetTensors"}
+
+
+def test_health_is_not_serving_while_every_stream_slot_is_taken(server_factory, checkpoint):
+    """--max_concurrent_streams=2 held by two streams (one of them never read): health says
+    NOT_SERVING for the server and the Extractor service while nothing can be admitted, and
+    SERVING again once a slot frees."""
+    server = server_factory(checkpoint, args=("--max_concurrent_streams=2",))
+
+    def status(ch, service: str) -> int:
+        return health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.ExtractorStub(ch)
+        held = []
+        for i in range(2):
+            call = stub.Generate(pb.GenerateRequest(
+                prompts=[pb.SequenceInput(tokens=pb.TokenIds(ids=[1, 2, 3]))],
+                max_new_tokens=100000, ignore_model_eos=True, request_id=f"held-{i}"), timeout=120)
+            assert next(call).WhichOneof("message") == "contract"
+            held.append(call)
+        for service in ("", "specwire.v1.Extractor"):
+            wait_for(lambda: status(ch, service) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                     10, f"health of {service!r} to say NOT_SERVING")
+        held[0].cancel()
+        for service in ("", "specwire.v1.Extractor"):
+            wait_for(lambda: status(ch, service) == health_pb2.HealthCheckResponse.SERVING,
+                     10, f"health of {service!r} to say SERVING again")
+        held[1].cancel()
