@@ -21,8 +21,16 @@ absl::Status ScoreWorker::Submit(std::shared_ptr<ScoreJob> job) {
   }
   queue_.push_back(std::move(job));
   if (metrics_) metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+  NotifyCapacityLocked();
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+void ScoreWorker::NotifyCapacityLocked() {
+  const bool room = static_cast<int64_t>(queue_.size()) < max_queue_;
+  if (room == had_room_ || !capacity_observer_) return;
+  had_room_ = room;
+  capacity_observer_(room);
 }
 
 bool ScoreWorker::Remove(const std::shared_ptr<ScoreJob>& job, const absl::Status& status) {
@@ -32,6 +40,7 @@ bool ScoreWorker::Remove(const std::shared_ptr<ScoreJob>& job, const absl::Statu
     if (it == queue_.end()) return false;
     queue_.erase(it);
     if (metrics_) metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+    NotifyCapacityLocked();
     cv_.notify_all();
   }
   job->on_done(status);
@@ -50,6 +59,7 @@ void ScoreWorker::Loop() {
     if (stop_ && queue_.empty()) return;
     std::shared_ptr<ScoreJob> job = std::move(queue_.front());
     queue_.pop_front();
+    NotifyCapacityLocked();
     running_ = job;
     if (metrics_) {
       metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));

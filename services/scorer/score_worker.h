@@ -51,9 +51,17 @@ class ScoreWorker {
   void Drain(double seconds);
   void Shutdown();
   int64_t queue_depth() const;
+  // Called with false when the queue is full (a new job would be refused) and with true when it
+  // has room again: health then says NOT_SERVING while no job can be admitted. Set before jobs
+  // are submitted; called under the worker's lock (it must not call back into the worker).
+  void set_capacity_observer(std::function<void(bool has_room)> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    capacity_observer_ = std::move(f);
+  }
 
  private:
   void Loop();
+  void NotifyCapacityLocked();  // mu_ held
 
   ScoreRunner* runner_;
   int64_t max_queue_;
@@ -64,6 +72,8 @@ class ScoreWorker {
   std::shared_ptr<ScoreJob> running_;
   bool accepting_ = true;
   bool stop_ = false;
+  std::function<void(bool)> capacity_observer_;
+  bool had_room_ = true;
   std::thread thread_;
 };
 

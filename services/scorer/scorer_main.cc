@@ -6,6 +6,7 @@
 // to Prometheus on their own address, and drains gracefully on SIGTERM / SIGINT. Its flags come
 // from the shared modules (server, extractor connection, runner, continuous evaluation) plus the
 // limits a service puts on jobs and the upload settings of push mode, which are its own.
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -122,7 +123,13 @@ int main(int argc, char** argv) {
   ScoreRunner runner(backend->get(), pool->get(), *ro);
 
   ScorerMetrics metrics;
+  // Health says NOT_SERVING while the job queue is full (the server is known once started;
+  // declared before the worker, which outlives nothing it calls).
+  std::atomic<RunningServer*> running{nullptr};
   ScoreWorker worker(&runner, absl::GetFlag(FLAGS_max_queue), &metrics);
+  worker.set_capacity_observer([&running](bool has_room) {
+    if (RunningServer* s = running.load()) s->SetServing(has_room);
+  });
   ScorerService service(&worker, &metrics, ro->limits, absl::GetFlag(FLAGS_stream_idle_seconds));
   auto eval_config = ContinuousEvalConfigFromFlags(*ro);
   if (!eval_config.ok()) return Fail(eval_config.status().ToString());
@@ -152,6 +159,7 @@ int main(int argc, char** argv) {
   start.max_receive_message_bytes = 64 << 20;
   auto server = RunningServer::Start(std::move(start));
   if (!server.ok()) return Fail(std::string(server.status().message()));
+  running.store(server->get());
 
   std::cout << "specwire-scorer: serving against extractor " << extractors->address << " (drafter "
             << drafter.dtype << " on " << drafter.device << ") on " << (*server)->Describe() << " ["
@@ -166,6 +174,7 @@ int main(int argc, char** argv) {
   worker.Shutdown();
   if (eval) eval->Stop();
   (*server)->Stop(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  running.store(nullptr);
   std::cout << "specwire-scorer: stopped" << std::endl;
   return 0;
 }

@@ -346,3 +346,31 @@ def test_scorer_cancel_and_deadline_cancel_the_extractor_call(
     short = list(stub(scorer).Score(request(pair, max_new_tokens=4), timeout=60))
     assert short[-1].HasField("summary")
     assert metric_value(scorer.metrics(), "specwire_scorer_queue_depth") == 0
+
+
+def test_scorer_health_is_not_serving_while_its_queue_is_full(scorer_factory, extractor, pair):
+    """--max_queue=1: one long job runs and one waits, so a third would be refused: health says
+    NOT_SERVING for the server and the Scorer service; SERVING again once the waiting job is
+    cancelled and the queue has room."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    scorer = scorer_factory(extractor.address,
+                            args=("--max_queue=1", "--max_new_tokens_limit=100000"))
+    serving = health_pb2.HealthCheckResponse.SERVING
+    with grpc.insecure_channel(scorer.address) as ch:
+        def status(service: str) -> int:
+            return health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+        assert status("") == serving and status("specwire.v1.Scorer") == serving
+        running = stub(scorer).Score(long_request(pair), timeout=120)
+        assert next(running).HasField("contract")  # the worker has taken it: the queue is empty
+        queued = stub(scorer).Score(long_request(pair), timeout=120)
+        for service in ("", "specwire.v1.Scorer"):
+            wait_for(lambda: status(service) == health_pb2.HealthCheckResponse.NOT_SERVING, 30,
+                     f"health of {service!r} to say NOT_SERVING")
+        queued.cancel()
+        for service in ("", "specwire.v1.Scorer"):
+            wait_for(lambda: status(service) == serving, 30,
+                     f"health of {service!r} to say SERVING again")
+        running.cancel()
