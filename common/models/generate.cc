@@ -61,13 +61,12 @@ void GreedySequence::PrefillChunk() {
   CaptureSpec none;
   at::Tensor logits = model_.Forward(ids, cache_.get(), none, nullptr, LogitsMode::kLast);
   prefilled_ += n;
-  if (pending_prompt_tokens() == 0) Emit(logits.select(0, 0));
+  // argmax picks the first maximal index, like torch.argmax in transformers.
+  if (pending_prompt_tokens() == 0) Emit(logits.select(0, 0), logits.argmax(-1).item<int64_t>());
 }
 
-void GreedySequence::Emit(const at::Tensor& logits_row) {
-  last_logits_ = logits_row.to(at::kCPU);
-  // argmax picks the first maximal index, like torch.argmax in transformers.
-  const int64_t next = last_logits_.argmax(-1).item<int64_t>();
+void GreedySequence::Emit(const at::Tensor& logits_row, int64_t next) {
+  last_logits_ = logits_row;
   result_.tokens.push_back(next);
   if (std::find(stops_.begin(), stops_.end(), next) != stops_.end()) {
     result_.finish_reason = "stop_token";
@@ -93,7 +92,12 @@ void DecodeStep(DecoderModel& model, const std::vector<GreedySequence*>& batch) 
     caches.push_back(s->cache_.get());
   }
   at::Tensor logits = model.DecodeStep(tokens, caches);  // [N, V]
-  for (size_t i = 0; i < batch.size(); ++i) batch[i]->Emit(logits.select(0, static_cast<int64_t>(i)));
+  // Every row's argmax in one call, brought to the host once (one sync on a GPU).
+  at::Tensor next = logits.argmax(-1).to(at::kCPU);
+  const int64_t* ids = next.data_ptr<int64_t>();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->Emit(logits.select(0, static_cast<int64_t>(i)), ids[i]);
+  }
 }
 
 absl::StatusOr<GenerateResult> GreedyGenerate(DecoderModel& model, std::span<const int64_t> prompt,

@@ -61,7 +61,7 @@ class GreedySequence {
 
   const std::vector<int64_t>& prompt() const { return prompt_; }
   const GenerateResult& result() const { return result_; }
-  // The logits [vocab] the last token was taken from (CPU, the model's dtype).
+  // The logits [vocab] the last token was taken from (on the model's output device, its dtype).
   const at::Tensor& last_logits() const { return last_logits_; }
   GenerateResult TakeResult() { return std::move(result_); }
   // Tokens the cache holds room for (prompt + max_new_tokens).
@@ -70,7 +70,7 @@ class GreedySequence {
  private:
   friend void DecodeStep(DecoderModel& model, const std::vector<GreedySequence*>& batch);
   GreedySequence(DecoderModel& model, std::span<const int64_t> prompt, const GenerateOptions& o);
-  void Emit(const at::Tensor& logits_row);  // argmax, stop checks
+  void Emit(const at::Tensor& logits_row, int64_t next);  // the argmax token; stop checks
 
   DecoderModel& model_;
   std::vector<int64_t> prompt_;

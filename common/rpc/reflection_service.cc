@@ -113,15 +113,15 @@ class ReflectionV1Service::Stream final
   void SendFile(const pb::FileDescriptor* file) {
     auto* out = response_.mutable_file_descriptor_response();
     std::set<std::string> sent;
-    std::vector<const pb::FileDescriptor*> todo = {file};
-    while (!todo.empty()) {
-      const pb::FileDescriptor* f = todo.back();
-      todo.pop_back();
+    std::vector<const pb::FileDescriptor*> pending = {file};
+    while (!pending.empty()) {
+      const pb::FileDescriptor* f = pending.back();
+      pending.pop_back();
       if (!sent.insert(f->name()).second) continue;
       pb::FileDescriptorProto proto;
       f->CopyTo(&proto);
       out->add_file_descriptor_proto(proto.SerializeAsString());
-      for (int i = f->dependency_count() - 1; i >= 0; --i) todo.push_back(f->dependency(i));
+      for (int i = f->dependency_count() - 1; i >= 0; --i) pending.push_back(f->dependency(i));
     }
   }
 
