@@ -27,11 +27,14 @@ def trajectories(addr: str, out: Path) -> None:
 
 
 def impact(addr: str, out: Path, d: Path) -> None:
-    samples = read_vllm(d)
     seqs = json.loads((out / "sequences.json").read_text())
     lens = json.loads((out / "prompt_lens.json").read_text())
-    if [s.token_ids for s in samples] != seqs:
-        raise SystemExit("vLLM's files hold other token ids than the trajectories")
+    # A dataset's rows may be in another order (speculators' prepare-data shuffles): each file is
+    # matched to its trajectory by its token ids, and every trajectory must have one.
+    by_ids = {tuple(s.token_ids): s for s in read_vllm(d)}
+    if sorted(by_ids) != sorted(tuple(s) for s in seqs):
+        raise SystemExit(f"{d}: the files hold other token ids than the trajectories")
+    samples = [by_ids[tuple(s)] for s in seqs]
     # What vLLM's DFlash path feeds a drafter with target_layer_ids [1, 3]: its ids [2, 4].
     foreign = [torch.cat([s.tensors[2].data, s.tensors[4].data], -1).float() for s in samples]
     r = acceptance_impact(addr, REPO / "models" / "tiny-qwen3-dflash", REPO / "models" / "tiny-qwen3",
