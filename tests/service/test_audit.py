@@ -170,6 +170,35 @@ def test_specforge_record_pre_norm_and_concatenation_order(server, captures, tmp
                for x in findings(report))
 
 
+def test_specforge_online_capture_files_written_by_specforge(server, sequences, tmp_path):
+    """SpecForge's own writer (verify_capture, its feature store's dump_dir) on transformers'
+    states: the EAGLE-3 (hidden_state = aux concatenation, target = final-norm state) and DFlash
+    dumps of an online capture read and audit as canonical; declared one id off, they do not."""
+    import os
+    (tmp_path / "seqs.json").write_text(json.dumps(sequences))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / ".venv" / "trainer-oracles"), *sys.path]), OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "service" / "specforge_writer.py"),
+                           str(TARGET), str(tmp_path / "seqs.json"), str(tmp_path / "sf"),
+                           "0,1,2"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"eagle3": len(sequences),
+                                                        "dflash": len(sequences)}
+    for kind in ("eagle3", "dflash"):
+        samples = read_features(tmp_path / "sf" / kind, layer_ids=[0, 1, 2], num_layers=L)
+        assert sorted(len(s.token_ids) for s in samples) == sorted(len(s) for s in sequences)
+        names = {t.name for s in samples for t in s.tensors}
+        assert names == ({"hidden_state", "target"} if kind == "eagle3" else {"hidden_states"})
+        report = audit_features(server.address, samples)
+        assert report.ok, (kind, report.table())
+        assert set(levels(report).values()) <= {"identical", "rounding"}, kind
+        off = audit_features(server.address, read_features(tmp_path / "sf" / kind,
+                                                           layer_ids=[1, 2, 3], num_layers=L))
+        assert not off.ok and any("off by -1" in x or "off by 1" in x for x in findings(off)), \
+            findings(off)
+
+
 def test_another_checkpoint_of_the_same_shape(server, sequences, tmp_path):
     other = AutoModelForCausalLM.from_pretrained(str(TARGET), dtype=torch.float32).eval()
     with torch.no_grad():

@@ -115,10 +115,13 @@ def _ids(t: Any, name: str, path: Path) -> list[int]:
 
 def read_specforge(path: Union[str, Path], *, layer_ids: Sequence[int] | None = None,
                    num_layers: int | None = None) -> list[ForeignSample]:
-    """SpecForge offline records: a .ckpt / .ckpt.gz file or a directory of them (sorted).
-    DFlash records hold input_ids + hidden_states; EAGLE-3 records input_ids + hidden_state (the
-    final-norm state, declared so) + aux_hidden_state. `layer_ids` (SpecForge's: id k =
-    hidden_states[k + 1]) declares the concatenated slices."""
+    """SpecForge records: a .ckpt / .ckpt.gz file or a directory of them (sorted).
+    DFlash records hold input_ids + hidden_states; offline EAGLE-3 records input_ids +
+    hidden_state (the final-norm state, declared so) + aux_hidden_state; the dumps of SpecForge's
+    online capture (its feature store's dump_dir) name EAGLE-3's aux concatenation hidden_state
+    and the final-norm state target (a target of another width, logits, is not a hidden state
+    and is left out). `layer_ids` (SpecForge's: id k = hidden_states[k + 1]) declares the
+    concatenated slices."""
     p = Path(path)
     files = [p] if p.is_file() else sorted(
         f for f in p.rglob("*") if f.name.endswith((".ckpt", ".ckpt.gz")))
@@ -146,9 +149,17 @@ def read_specforge(path: Union[str, Path], *, layer_ids: Sequence[int] | None = 
             tensors.append(ForeignTensor("aux_hidden_state", _rows(raw["aux_hidden_state"],
                                                                   "aux_hidden_state", f),
                                          declared))
+        elif "hidden_state" in raw and "target" in raw:
+            aux = _rows(raw["hidden_state"], "hidden_state", f)
+            tensors.append(ForeignTensor("hidden_state", aux, declared))
+            target = raw["target"]
+            if target.dim() >= 2 and aux.shape[-1] % target.shape[-1] == 0:
+                tensors.append(ForeignTensor("target", _rows(target, "target", f),
+                                             ["final_norm"]))
         else:
-            raise ValueError(f"{f}: has {sorted(raw)}; expected hidden_states (DFlash) or "
-                             "hidden_state + aux_hidden_state (EAGLE-3)")
+            raise ValueError(f"{f}: has {sorted(raw)}; expected hidden_states (DFlash), "
+                             "hidden_state + aux_hidden_state (offline EAGLE-3) or "
+                             "hidden_state + target (online EAGLE-3)")
         out.append(ForeignSample(_ids(raw["input_ids"], "input_ids", f), tensors, str(f)))
     return out
 
