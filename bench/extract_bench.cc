@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 #include "services/extractor/engine.h"

@@ -23,6 +23,7 @@
 #include "clients/cpp/extractor_client.h"
 #include "clients/cpp/extractor_connection_flags.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "common/wire.h"
 #include "nlohmann/json.hpp"
 
@@ -48,6 +49,7 @@ int Fail(const std::string& msg) {
 }
 
 int Run() {
+  KeepFreedMemoryForReuse();  // as the services do
   auto connection =
       ExtractorConnectionFromFlags({.address = "127.0.0.1:50051", .timeout_seconds = 600});
   if (!connection.ok()) return Fail(connection.status().ToString());

@@ -33,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/cpp/extractor_client.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/server.h"
@@ -233,6 +234,7 @@ absl::StatusOr<RunTime> TimeTcp(std::span<const std::byte> source, int64_t state
 }
 
 int Run() {
+  KeepFreedMemoryForReuse();  // as the services do; both sides of the comparison run under it
   const int64_t hidden = absl::GetFlag(FLAGS_hidden);
   const int64_t layers = absl::GetFlag(FLAGS_num_layers);
   const int64_t row_bytes = hidden * 4;

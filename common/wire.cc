@@ -32,8 +32,91 @@ uint32_t Crc32cTable(const uint8_t* p, size_t n, uint32_t crc) {
 }
 
 #if defined(__x86_64__)
+// The hardware CRC: three independent streams of the crc32 instruction over three adjacent
+// blocks (its latency is three cycles, its throughput one per cycle), joined by shifting a
+// block's crc over the length of the next one. Shifting a crc over n zero bytes is linear in its
+// 32 bits, so it is four lookups in a table made once per block length (the GF(2) matrix of
+// "append n zero bytes", squared up from one zero bit). The layout follows Mark Adler's public
+// crc32c.c.
+constexpr size_t kLongBlock = 8192;
+constexpr size_t kShortBlock = 256;
+
+using ShiftTable = std::array<std::array<uint32_t, 256>, 4>;
+
+uint32_t Gf2Times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (; vec != 0; vec >>= 1, ++mat) {
+    if (vec & 1) sum ^= *mat;
+  }
+  return sum;
+}
+
+void Gf2Square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = Gf2Times(mat, mat[n]);
+}
+
+// The table that shifts a crc register over `len` zero bytes (`len` a power of two).
+ShiftTable MakeShiftTable(size_t len) {
+  uint32_t even[32], odd[32];
+  odd[0] = kPoly;  // the operator for one zero bit
+  for (int n = 1; n < 32; ++n) odd[n] = 1u << (n - 1);
+  Gf2Square(even, odd);  // two zero bits
+  Gf2Square(odd, even);  // four
+  const uint32_t* op = nullptr;
+  for (;;) {
+    Gf2Square(even, odd);  // the first pass: one zero byte, then doubling
+    len >>= 1;
+    if (len == 0) {
+      op = even;
+      break;
+    }
+    Gf2Square(odd, even);
+    len >>= 1;
+    if (len == 0) {
+      op = odd;
+      break;
+    }
+  }
+  ShiftTable t;
+  for (uint32_t n = 0; n < 256; ++n) {
+    for (int k = 0; k < 4; ++k) t[k][n] = Gf2Times(op, n << (8 * k));
+  }
+  return t;
+}
+
+uint32_t Shift(const ShiftTable& t, uint32_t crc) {
+  return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
+}
+
+// Three streams over blocks of `block` bytes while at least three are left.
+__attribute__((target("sse4.2"))) uint64_t Crc32cTriple(const uint8_t*& p, size_t& n,
+                                                        uint64_t crc0, size_t block,
+                                                        const ShiftTable& shift) {
+  while (n >= 3 * block) {
+    uint64_t crc1 = 0, crc2 = 0;
+    for (const uint8_t* end = p + block; p < end; p += 8) {
+      uint64_t a, b, c;
+      std::memcpy(&a, p, 8);
+      std::memcpy(&b, p + block, 8);
+      std::memcpy(&c, p + 2 * block, 8);
+      crc0 = _mm_crc32_u64(crc0, a);
+      crc1 = _mm_crc32_u64(crc1, b);
+      crc2 = _mm_crc32_u64(crc2, c);
+    }
+    crc0 = Shift(shift, static_cast<uint32_t>(crc0)) ^ crc1;
+    crc0 = Shift(shift, static_cast<uint32_t>(crc0)) ^ crc2;
+    p += 2 * block;
+    n -= 3 * block;
+  }
+  return crc0;
+}
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cHw(const uint8_t* p, size_t n, uint32_t crc) {
+  static const ShiftTable long_shift = MakeShiftTable(kLongBlock);
+  static const ShiftTable short_shift = MakeShiftTable(kShortBlock);
   uint64_t c = crc;
+  c = Crc32cTriple(p, n, c, kLongBlock, long_shift);
+  c = Crc32cTriple(p, n, c, kShortBlock, short_shift);
   while (n >= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);
@@ -65,6 +148,10 @@ absl::StatusOr<DType> ParseWireDType(absl::string_view name, absl::string_view c
   }
   return absl::InvalidArgumentError(
       absl::StrCat(flag, " \"", name, "\" is not one of fp32, bf16, auto"));
+}
+
+uint32_t Crc32cPortable(std::span<const std::byte> data, uint32_t crc) {
+  return ~Crc32cTable(reinterpret_cast<const uint8_t*>(data.data()), data.size(), ~crc);
 }
 
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc) {
@@ -106,8 +193,21 @@ StateAssembler::StateAssembler(int64_t rows, int64_t hidden, DType dtype)
 
 absl::Status StateAssembler::Add(int64_t row_start, int64_t row_count, int64_t hidden,
                                  DType dtype, std::span<const std::byte> data, uint32_t crc32c) {
+  const std::span<const std::byte> one[1] = {data};
+  return AddPieces(row_start, row_count, hidden, dtype, std::span(one), crc32c);
+}
+
+absl::Status StateAssembler::AddPieces(int64_t row_start, int64_t row_count, int64_t hidden,
+                                 DType dtype, std::span<const std::span<const std::byte>> pieces,
+                                 uint32_t crc32c) {
   if (!geometry_.ok()) return geometry_;
-  if (Crc32c(data) != crc32c) {
+  uint32_t crc = 0;
+  size_t size = 0;
+  for (std::span<const std::byte> p : pieces) {
+    crc = Crc32c(p, crc);
+    size += p.size();
+  }
+  if (crc != crc32c) {
     // No row_start + row_count here: both are unchecked yet, and the sum may overflow.
     return absl::DataLossError(absl::StrCat("chunk of ", row_count, " rows at ", row_start,
                                             ": crc32c mismatch"));
@@ -130,12 +230,17 @@ absl::Status StateAssembler::Add(int64_t row_start, int64_t row_count, int64_t h
                                                    " runs past sequence_length ", rows_));
   }
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype_);
-  if (data.size() != row_bytes * row_count) {
-    return absl::InvalidArgumentError(absl::StrCat("data holds ", data.size(), " bytes, expected ",
+  if (size != row_bytes * row_count) {
+    return absl::InvalidArgumentError(absl::StrCat("data holds ", size, " bytes, expected ",
                                                    row_bytes * row_count));
   }
-  // A state of hidden size 0 has no buffer (data() may be null, which memcpy must not get).
-  if (!data.empty()) std::memcpy(bytes_.data() + row_start * row_bytes, data.data(), data.size());
+  std::byte* to = bytes_.data() + row_start * row_bytes;
+  for (std::span<const std::byte> p : pieces) {
+    // A state of hidden size 0 has no buffer (data() may be null, which memcpy must not get).
+    if (p.empty()) continue;
+    std::memcpy(to, p.data(), p.size());
+    to += p.size();
+  }
   next_row_ += row_count;
   return absl::OkStatus();
 }

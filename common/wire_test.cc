@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 #include <string>
+#include <vector>
 
 namespace specwire {
 namespace {
@@ -18,6 +20,27 @@ TEST(Crc32c, KnownVectors) {
   EXPECT_EQ(Crc32c(Bytes(std::string(32, '\0'))), 0x8A9136AAu);
   EXPECT_EQ(Crc32c(Bytes(std::string(32, '\xff'))), 0x62A8AB43u);
   EXPECT_EQ(Crc32c(Bytes("")), 0u);
+}
+
+// The three-stream hardware path (blocks of 8 KiB and 256 bytes, joined by shift tables) equals
+// the table, for every length around the block edges, any alignment and any starting crc.
+TEST(Crc32c, FastPathEqualsTheTable) {
+  std::mt19937 rng(29);
+  std::vector<std::byte> buf(3 * 8192 * 3 + 64);
+  for (auto& b : buf) b = static_cast<std::byte>(rng());
+  std::vector<size_t> lengths;
+  for (size_t edge : {size_t{0}, size_t{3 * 256}, size_t{3 * 8192}, size_t{6 * 8192}}) {
+    for (int d = -17; d <= 17; ++d) {
+      if (static_cast<int64_t>(edge) + d >= 0) lengths.push_back(edge + d);
+    }
+  }
+  for (int i = 0; i < 300; ++i) lengths.push_back(rng() % (buf.size() - 64));
+  for (size_t n : lengths) {
+    const size_t offset = rng() % 64;
+    const uint32_t start = rng() % 2 ? 0 : static_cast<uint32_t>(rng());
+    const auto piece = std::span(buf).subspan(offset, n);
+    ASSERT_EQ(Crc32c(piece, start), Crc32cPortable(piece, start)) << n << " at " << offset;
+  }
 }
 
 TEST(Crc32c, ChainsAcrossCalls) {
@@ -134,6 +157,34 @@ TEST(StateAssembler, ZeroHiddenSize) {
   EXPECT_TRUE(a.Add(2, 1, 0, DType::kBF16, {}, Crc32c({})).ok());
   EXPECT_TRUE(a.complete());
   EXPECT_TRUE(a.bytes().empty());
+}
+
+// A chunk's bytes in pieces (as they lie in the receive buffers) assemble exactly as in one
+// span, however they are cut; a crc over the pieces catches a flipped byte in any of them.
+TEST(StateAssembler, PiecesAssembleAsOneSpan) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t rows = 1 + rng() % 9, hidden = 1 + rng() % 40;
+    std::vector<std::byte> data(rows * hidden * 2);
+    for (auto& b : data) b = static_cast<std::byte>(rng());
+    StateAssembler whole(rows, hidden, DType::kBF16), cut(rows, hidden, DType::kBF16);
+    ASSERT_TRUE(whole.Add(0, rows, hidden, DType::kBF16, data, Crc32c(data)).ok());
+    std::vector<std::span<const std::byte>> pieces;
+    for (size_t at = 0; at < data.size();) {
+      const size_t k = std::min<size_t>(data.size() - at, rng() % 3 == 0 ? 0 : 1 + rng() % 50);
+      pieces.emplace_back(data.data() + at, k);
+      at += k;
+    }
+    ASSERT_TRUE(cut.AddPieces(0, rows, hidden, DType::kBF16, pieces, Crc32c(data)).ok());
+    EXPECT_EQ(cut.bytes(), whole.bytes());
+    std::vector<std::byte> flipped = data;
+    flipped[rng() % flipped.size()] ^= std::byte{1};
+    StateAssembler bad(rows, hidden, DType::kBF16);
+    const std::span<const std::byte> halves[2] = {
+        std::span(flipped).first(flipped.size() / 2), std::span(flipped).subspan(flipped.size() / 2)};
+    EXPECT_EQ(bad.AddPieces(0, rows, hidden, DType::kBF16, halves, Crc32c(data)).code(),
+              absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST(ParseWireDType, NamesAliasesAndAuto) {

@@ -210,7 +210,8 @@ ReceivedCompletion CompletionFromProto(const v1::Completion& p) {
           TokenIdsFromProto(p.completion_token_ids()), p.finish_reason()};
 }
 
-void HiddenStateChunkToProto(const HostState& s, const ChunkSpan& c, v1::HiddenStateChunk* out) {
+void HiddenStateChunkHeaderToProto(const HostState& s, const ChunkSpan& c,
+                                   v1::HiddenStateChunk* out) {
   out->set_sequence_index(s.sequence_index);
   out->mutable_state()->set_tap(TapToProto(s.tap));
   out->mutable_state()->set_layer_id(s.tap == StateTap::kLayerOutput ? s.layer_id : 0);
@@ -220,7 +221,6 @@ void HiddenStateChunkToProto(const HostState& s, const ChunkSpan& c, v1::HiddenS
   out->set_sequence_length(static_cast<uint32_t>(s.rows));
   out->set_hidden_size(static_cast<uint32_t>(s.hidden));
   out->set_dtype(WireDTypeToProto(s.dtype));
-  out->set_data(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
   out->set_crc32c(Crc32c(c.bytes));
 }
 

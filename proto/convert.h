@@ -58,9 +58,11 @@ void CompletionToProto(uint32_t sequence_index, std::span<const int64_t> prompt,
                        const CompletionOutput& c, v1::Completion* out);
 ReceivedCompletion CompletionFromProto(const v1::Completion& p);
 
-// One chunk of a host state: the header from `s`, rows and bytes from `c` (a span of s.bytes),
-// with the crc32c of those bytes.
-void HiddenStateChunkToProto(const HostState& s, const ChunkSpan& c, v1::HiddenStateChunk* out);
+// One chunk of a host state without its bytes: the header from `s`, rows from `c` (a span of
+// s.bytes) and the crc32c of those bytes; `data` is left empty, as the server sends the bytes
+// themselves without a copy (common/rpc/payload_frame.h).
+void HiddenStateChunkHeaderToProto(const HostState& s, const ChunkSpan& c,
+                                   v1::HiddenStateChunk* out);
 // The state a chunk belongs to, from its header (every field of ReceivedState but `bytes`):
 // INVALID_ARGUMENT "chunk with unknown tap N" / "unknown dtype N". Geometry and crc are the
 // StateAssembler's to check.

@@ -1,5 +1,6 @@
 #include "clients/cpp/extractor_client.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/payload_frame.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "proto/convert.h"
@@ -19,6 +21,9 @@ namespace specwire {
 struct ExtractorClient::Rpc {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Extractor::Stub> stub;
+  // The hidden-state streams are read raw: chunk bytes are copied once, from gRPC's receive
+  // buffers into the state (common/rpc/payload_frame.h).
+  std::unique_ptr<grpc::GenericStub> generic;
 };
 
 namespace {
@@ -77,7 +82,9 @@ class StateCollector {
   // Rows every state of sequence `seq` must have (its token count), when known.
   void ExpectRows(uint32_t seq, int64_t rows) { expected_rows_[seq] = rows; }
 
-  absl::Status Add(const v1::HiddenStateChunk& c) {
+  // `pieces` hold the chunk's bytes (views of the received message; c.data() is not read).
+  absl::Status Add(const v1::HiddenStateChunk& c,
+                   std::span<const std::span<const std::byte>> pieces) {
     const Key key{c.sequence_index(), static_cast<int>(c.state().tap()),
                   c.state().tap() == v1::TAP_LAYER_OUTPUT ? c.state().layer_id() : 0};
     auto it = pending_.find(key);
@@ -98,12 +105,11 @@ class StateCollector {
                                       p.assembler.rows()));
     }
     SW_ASSIGN_OR_RETURN(DType dtype, FromStream(WireDTypeFromProto(c.dtype())));
-    const auto* data = reinterpret_cast<const std::byte*>(c.data().data());
-    absl::Status added = p.assembler.Add(c.token_start(), c.token_count(), c.hidden_size(), dtype,
-                                         {data, c.data().size()}, c.crc32c());
+    absl::Status added = p.assembler.AddPieces(c.token_start(), c.token_count(), c.hidden_size(),
+                                               dtype, pieces, c.crc32c());
     if (!added.ok()) return StreamError(absl::StrCat(p.state.TensorName(), ": ", added.message()));
     ++chunks_;
-    bytes_ += c.data().size();
+    for (std::span<const std::byte> piece : pieces) bytes_ += piece.size();
     if (p.assembler.complete()) {
       p.state.bytes = p.assembler.Release();
       ReceivedState done = std::move(p.state);
@@ -162,18 +168,66 @@ class StateCollector {
   uint64_t bytes_ = 0;
 };
 
-// Ends a sync stream: cancels it if we stopped early, drains it and merges the two statuses. The
-// server's status wins (it says why the stream broke); then ours; then the missing trailer.
-template <class Response>
-absl::Status EndStream(grpc::ClientContext* ctx, grpc::ClientReader<Response>* reader,
-                       absl::Status ours, bool saw_trailer) {
-  if (!ours.ok()) {
-    ctx->TryCancel();
-    Response ignored;
-    while (reader->Read(&ignored)) {
+// A server-streaming call read raw through the generic stub, driven synchronously on its own
+// completion queue: the request is sent and half-closed at the start, Read() returns each
+// message's bytes, Finish() the status. Cancelling the context (CallCancellation, deadline)
+// ends pending reads.
+class RawStream {
+ public:
+  RawStream(grpc::GenericStub* stub, grpc::ClientContext* ctx, const std::string& method,
+            const google::protobuf::MessageLite& request) {
+    call_ = stub->PrepareCall(ctx, method, &cq_);
+    call_->StartCall(this);
+    open_ = Wait();
+    if (open_) {
+      grpc::Slice slice(request.SerializeAsString());
+      call_->WriteLast(grpc::ByteBuffer(&slice, 1), grpc::WriteOptions(), this);
+      open_ = Wait();
     }
   }
-  grpc::Status server = reader->Finish();
+  ~RawStream() {
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  bool Read(grpc::ByteBuffer* out) {
+    if (!open_) return false;
+    call_->Read(out, this);
+    return open_ = Wait();
+  }
+  grpc::Status Finish() {
+    grpc::Status status;
+    call_->Finish(&status, this);
+    Wait();
+    return status;
+  }
+
+ private:
+  bool Wait() {
+    void* tag;
+    bool ok = false;
+    return cq_.Next(&tag, &ok) && ok;
+  }
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool open_ = false;
+};
+
+// Ends a stream (a RawStream, or a typed reader of `Message`): cancels it if we stopped early,
+// drains it and merges the two statuses. The server's status wins (it says why the stream
+// broke); then ours; then the missing trailer.
+template <class Message = grpc::ByteBuffer, class Stream>
+absl::Status EndStream(grpc::ClientContext* ctx, Stream* stream, absl::Status ours,
+                       bool saw_trailer) {
+  if (!ours.ok()) {
+    ctx->TryCancel();
+    Message ignored;
+    while (stream->Read(&ignored)) {
+    }
+  }
+  grpc::Status server = stream->Finish();
   if (!ours.ok()) return ours;
   if (!server.ok()) return FromGrpcStatus(server);
   if (!saw_trailer) {
@@ -183,16 +237,50 @@ absl::Status EndStream(grpc::ClientContext* ctx, grpc::ClientReader<Response>* r
   return absl::OkStatus();
 }
 
+// One received message of a hidden-state stream: a chunk is split from its bytes, which stay
+// where gRPC received them (`pieces`, views into `slices`); anything else is parsed whole.
+template <class Response>
+absl::Status DecodeStateMessage(const grpc::ByteBuffer& frame, std::vector<grpc::Slice>* slices,
+                                Response* msg,
+                                std::vector<std::span<const std::byte>>* pieces) {
+  msg->Clear();
+  pieces->clear();
+  slices->clear();
+  if (!frame.Dump(slices).ok()) return StreamError("unreadable message");
+  SW_ASSIGN_OR_RETURN(bool split, SplitPayloadFrame(*slices, Response::kChunkFieldNumber,
+                                                    v1::HiddenStateChunk::kDataFieldNumber,
+                                                    msg->mutable_chunk(), pieces));
+  if (split) return absl::OkStatus();
+  msg->Clear();
+  std::string whole;
+  for (const grpc::Slice& s : *slices) {
+    whole.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  if (!msg->ParseFromString(whole)) return StreamError("malformed message");
+  if (msg->has_chunk() && !msg->chunk().data().empty()) {
+    // A chunk in any other shape: its bytes, moved out of the message, are the one piece.
+    auto* kept = new std::string(std::move(*msg->mutable_chunk()->mutable_data()));
+    slices->clear();
+    slices->emplace_back(kept->data(), kept->size(),
+                         [](void* p) { delete static_cast<std::string*>(p); }, kept);
+    pieces->emplace_back(reinterpret_cast<const std::byte*>(slices->back().begin()),
+                         slices->back().size());
+  }
+  return absl::OkStatus();
+}
+
 // The one read loop of the Extract and Generate streams. Opens the call (deadline, cancellation:
-// `method` names it in the error of a call cancelled before it started), then checks the stream's
-// shape: the contract first and only once; the call's own message (case `own_case`: Extract's
-// SequenceInfo, Generate's Completion) to `on_own`, which tells the collector how many rows each
-// sequence's states have; every chunk through a StateCollector that hands finished states to
-// `on_state`; the trailer, whose totals must match what arrived, and nothing after it. Fills
-// `contract` and `totals`; any break of this shape is DATA_LOSS (EndStream merges the statuses).
-template <class Response, class Start, class OnOwn>
+// `method` names it in the error of a call cancelled before it started, and the call's path),
+// then checks the stream's shape: the contract first and only once; the call's own message (case
+// `own_case`: Extract's SequenceInfo, Generate's Completion) to `on_own`, which tells the
+// collector how many rows each sequence's states have; every chunk through a StateCollector that
+// hands finished states to `on_state`; the trailer, whose totals must match what arrived, and
+// nothing after it. Fills `contract` and `totals`; any break of this shape is DATA_LOSS
+// (EndStream merges the statuses).
+template <class Response, class OnOwn>
 absl::Status ReadStateStream(const ExtractorClientOptions& options, CallCancellation* cancel,
-                             const char* method, const Start& start,
+                             grpc::GenericStub* stub, const char* method,
+                             const google::protobuf::MessageLite& request,
                              typename Response::MessageCase own_case, const OnOwn& on_own,
                              const ExtractorClient::StateSink& on_state,
                              ExtractionContract* contract, StreamTotals* totals) {
@@ -202,12 +290,16 @@ absl::Status ReadStateStream(const ExtractorClientOptions& options, CallCancella
   if (registration.refused()) {
     return absl::CancelledError(absl::StrCat(method, ": cancelled before it started"));
   }
-  std::unique_ptr<grpc::ClientReader<Response>> reader = start(&ctx);
+  RawStream stream(stub, &ctx, absl::StrCat("/specwire.v1.Extractor/", method), request);
   std::unique_ptr<StateCollector> states;  // created once the contract gives the hidden size
   bool saw_trailer = false;
+  grpc::ByteBuffer frame;
+  std::vector<grpc::Slice> slices;
+  std::vector<std::span<const std::byte>> pieces;
   Response msg;
   absl::Status ours = [&]() -> absl::Status {
-    while (reader->Read(&msg)) {
+    while (stream.Read(&frame)) {
+      SW_RETURN_IF_ERROR(DecodeStateMessage(frame, &slices, &msg, &pieces));
       if (saw_trailer) return StreamError("message after the trailer");
       if (!states && !msg.has_contract()) return StreamError("first message is not the contract");
       const typename Response::MessageCase message = msg.message_case();
@@ -218,7 +310,7 @@ absl::Status ReadStateStream(const ExtractorClientOptions& options, CallCancella
       } else if (message == own_case) {
         SW_RETURN_IF_ERROR(on_own(msg, *states));
       } else if (message == Response::kChunk) {
-        SW_RETURN_IF_ERROR(states->Add(msg.chunk()));
+        SW_RETURN_IF_ERROR(states->Add(msg.chunk(), pieces));
       } else if (message == Response::kTrailer) {
         *totals = StreamTotalsFromProto(msg.trailer());
         SW_RETURN_IF_ERROR(states->Finish(*totals));
@@ -229,7 +321,7 @@ absl::Status ReadStateStream(const ExtractorClientOptions& options, CallCancella
     }
     return absl::OkStatus();
   }();
-  return EndStream(&ctx, reader.get(), ours, saw_trailer);
+  return EndStream(&ctx, &stream, ours, saw_trailer);
 }
 
 }  // namespace
@@ -277,6 +369,7 @@ ExtractorClient::ExtractorClient(ExtractorClientOptions options)
   }
   rpc_->channel = MakeChannel(options_.target, options_.security, args);
   rpc_->stub = v1::Extractor::NewStub(rpc_->channel);
+  rpc_->generic = std::make_unique<grpc::GenericStub>(rpc_->channel);
 }
 
 ExtractorClient::~ExtractorClient() = default;
@@ -318,8 +411,7 @@ absl::StatusOr<ExtractReply> ExtractorClient::Extract(const ExtractParams& param
     return absl::OkStatus();
   };
   SW_RETURN_IF_ERROR(ReadStateStream<v1::ExtractResponse>(
-      options_, params.cancel, "Extract",
-      [&](grpc::ClientContext* ctx) { return rpc_->stub->Extract(ctx, req); },
+      options_, params.cancel, rpc_->generic.get(), "Extract", req,
       v1::ExtractResponse::kSequence, on_sequence, on_state, &reply.contract, &reply.totals));
   return reply;
 }
@@ -347,8 +439,7 @@ absl::StatusOr<GenerateReply> ExtractorClient::Generate(const GenerateParams& pa
     return absl::OkStatus();
   };
   SW_RETURN_IF_ERROR(ReadStateStream<v1::GenerateResponse>(
-      options_, params.cancel, "Generate",
-      [&](grpc::ClientContext* ctx) { return rpc_->stub->Generate(ctx, req); },
+      options_, params.cancel, rpc_->generic.get(), "Generate", req,
       v1::GenerateResponse::kCompletion, on_completion, keep, &reply.contract, &reply.totals));
   if (reply.completions.size() != params.prompts.size()) {
     return StreamError(absl::StrCat(reply.completions.size(), " completions for ",
@@ -451,7 +542,7 @@ absl::StatusOr<std::map<std::string, ReceivedTensor>> ExtractorClient::GetTensor
     return finish_current();
   }();
   // GetTensors streams have no trailer: completeness is every requested name present.
-  SW_RETURN_IF_ERROR(EndStream(&ctx, reader.get(), ours, /*saw_trailer=*/true));
+  SW_RETURN_IF_ERROR(EndStream<v1::TensorChunk>(&ctx, reader.get(), ours, /*saw_trailer=*/true));
   for (const auto& n : names) {
     if (!out.count(n)) return StreamError(absl::StrCat(n, ": requested but not sent"));
   }

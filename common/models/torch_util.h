@@ -34,12 +34,4 @@ void SynchronizeDevice(const at::Device& d);
 // RESOURCE_EXHAUSTED for out-of-memory) with `what` as context.
 absl::Status RunGuarded(absl::string_view what, const std::function<absl::Status()>& fn);
 
-// Tunes glibc's allocator for forward passes on the CPU: freed memory is kept for reuse (up to
-// 32 MiB blocks from the heap instead of fresh mmaps, no trimming of the heap top) instead of
-// being handed back to the kernel and faulted in again page by page by the next forward, which
-// allocates the same sizes. Peak RSS is unchanged (it is the forward's peak either way); the
-// resident set just does not shrink between requests. A MALLOC_*_ environment variable the user
-// set for one of these settings wins. Call once at start-up, before the first forward.
-void KeepFreedMemoryForReuse();
-
 }  // namespace specwire

@@ -4,6 +4,11 @@
 // worker threads queue results later. One write is in flight at a time; the stream finishes when
 // the producers are exhausted after Complete(), or at once on Fail().
 //
+// With an `Encoder`, the call is a raw one (gRPC's WithRawCallbackMethod): each message is
+// encoded by `Encoder::Encode(const Response&, Payload, grpc::ByteBuffer*)` together with the
+// payload its producer left in payload_slot(), so large bytes go out without a copy
+// (payload_frame.h). Without one, messages are written as they are.
+//
 // Lifetime: gRPC may run OnDone — which drops gRPC's reference — on another thread the moment
 // Finish() is called, and a worker may still deliver results after the call has ended. So the
 // reactor is reference-counted: one reference for gRPC (until OnDone), one per attached piece of
@@ -21,8 +26,11 @@
 #include <string>
 #include <utility>
 
+#include <type_traits>
+
 #include "absl/status/status.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/payload_frame.h"
 #include "common/rpc/stream_watchdog.h"
 
 namespace specwire {
@@ -39,9 +47,13 @@ inline std::chrono::steady_clock::time_point SteadyDeadline(
          std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
 }
 
-template <class Response>
-class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStream {
+template <class Response, class Encoder = void>
+class StreamReactor
+    : public grpc::ServerWriteReactor<
+          std::conditional_t<std::is_void_v<Encoder>, Response, grpc::ByteBuffer>>,
+      public IdleStream {
  public:
+  static constexpr bool kRaw = !std::is_void_v<Encoder>;
   // Fills the next message and returns true, or returns false when it has nothing more.
   using Producer = std::function<bool(Response*)>;
   // Called once, outside the reactor's lock, when the client cancels, the deadline passes or the
@@ -145,6 +157,9 @@ class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStre
     if (run_now) FireCancel();
   }
   void ReleaseWork() { Release(); }
+  // Raw calls: where a producer leaves the payload of the message it fills (read, under the
+  // reactor's lock, right after the producer returns). Valid while the reactor lives.
+  Payload* payload_slot() { return &payload_; }
 
   void OnWriteDone(bool ok) override {
     Hold hold(this);
@@ -229,10 +244,18 @@ class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStre
     if (writing_ || finished_ || paused_) return;
     while (!producers_.empty()) {
       msg_.Clear();
+      payload_ = Payload{};
       if (producers_.front()(&msg_)) {
         writing_ = true;
         write_started_ = std::chrono::steady_clock::now();
-        this->StartWrite(&msg_);
+        if constexpr (kRaw) {
+          wire_.Clear();
+          Encoder::Encode(msg_, std::move(payload_), &wire_);
+          payload_ = Payload{};
+          this->StartWrite(&wire_);
+        } else {
+          this->StartWrite(&msg_);
+        }
         return;
       }
       producers_.pop_front();
@@ -259,6 +282,8 @@ class StreamReactor : public grpc::ServerWriteReactor<Response>, public IdleStre
   std::recursive_mutex mu_;   // reactions may run inline from StartWrite
   std::deque<Producer> producers_;
   Response msg_;
+  Payload payload_;    // raw calls: the payload of msg_
+  grpc::ByteBuffer wire_;  // raw calls: msg_ encoded, while its write is in flight
   CancelHook on_cancel_;
   bool writing_ = false;
   bool paused_ = false;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "common/status.h"

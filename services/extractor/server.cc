@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/payload_frame.h"
 #include "common/rpc/stream_reactor.h"
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
@@ -17,13 +18,34 @@
 namespace specwire {
 namespace {
 
+// Encodes the messages of the Extract and Generate streams: a chunk with its bytes as a payload
+// that goes out without a copy (payload_frame.h), anything else as protobuf serializes it.
+template <class Response>
+struct ChunkEncoder {
+  static void Encode(const Response& m, Payload payload, grpc::ByteBuffer* out) {
+    if (m.has_chunk() && !payload.bytes.empty()) {
+      *out = FrameWithPayload(Response::kChunkFieldNumber, m.chunk(),
+                              v1::HiddenStateChunk::kDataFieldNumber, std::move(payload));
+      return;
+    }
+    bool own = false;
+    // Serializing a message we built cannot fail but for a message over 2 GiB, which the chunk
+    // limit rules out.
+    (void)grpc::SerializationTraits<Response>::Serialize(m, out, &own);
+  }
+};
+
+// The reactor of a hidden-state stream: raw, so chunk bytes are sent where they lie.
+template <class Response>
+using StateStreamReactor = StreamReactor<Response, ChunkEncoder<Response>>;
+
 // What one hidden-state stream sends after the contract, besides its chunks and trailer.
 template <class Response>
 struct StreamBody {
   // Token ids of each sequence the states cover (their row count), in sequence_index order.
   std::vector<std::vector<int64_t>> sequences;
   // Messages that go before the states; null: none.
-  typename StreamReactor<Response>::Producer before_states;
+  typename StateStreamReactor<Response>::Producer before_states;
 };
 
 // The two hidden-state streams: what ExtractorService::StreamHiddenStates needs to know of each.
@@ -89,17 +111,20 @@ struct GenerateRpc {
 };
 
 // Emits, lazily, the messages of a list of host states: when `Rpc` announces sequences, one
-// SequenceInfo before the first state of each sequence; then the state's chunks in row order.
-// Holds the states (and so the engine's buffers) until the stream has written them.
+// SequenceInfo before the first state of each sequence; then the state's chunks in row order,
+// each chunk's bytes left in `payload` (the reactor's slot) rather than copied into the message.
+// Holds the states (and so the engine's buffers) until the stream has written them; a chunk in
+// flight holds its own reference.
 template <class Rpc>
 class ChunkProducer {
  public:
   ChunkProducer(std::vector<HostState> states, std::vector<std::vector<int64_t>> token_ids,
-                int64_t max_chunk_bytes, ExtractorMetrics* metrics)
+                int64_t max_chunk_bytes, ExtractorMetrics* metrics, Payload* payload)
       : states_(std::move(states)),
         token_ids_(std::move(token_ids)),
         max_chunk_bytes_(max_chunk_bytes),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        payload_(payload) {}
 
   // Fills the next message into `m`; false when exhausted.
   bool Next(typename Rpc::Response* m) {
@@ -119,7 +144,8 @@ class ChunkProducer {
       }
       if (chunk_ < plan_.size()) {
         const ChunkSpan& c = plan_[chunk_++];
-        HiddenStateChunkToProto(s, c, m->mutable_chunk());
+        HiddenStateChunkHeaderToProto(s, c, m->mutable_chunk());
+        *payload_ = Payload{c.bytes, s.owner};
         ++chunks_;
         bytes_ += static_cast<int64_t>(c.bytes.size());
         metrics_->BytesStreamed(static_cast<int64_t>(c.bytes.size()));
@@ -141,6 +167,7 @@ class ChunkProducer {
   std::vector<std::vector<int64_t>> token_ids_;
   int64_t max_chunk_bytes_;
   ExtractorMetrics* metrics_;
+  Payload* payload_;
   size_t state_ = 0;
   size_t chunk_ = 0;
   std::vector<ChunkSpan> plan_;
@@ -152,7 +179,7 @@ class ChunkProducer {
 // The job's completion callback (on the worker thread): after the contract, the stream carries
 // the body's messages, the states' chunks, then the trailer; or it fails with the job's error.
 template <class Rpc>
-auto OnJobDone(StreamReactor<typename Rpc::Response>* r, ExtractorMetrics* metrics,
+auto OnJobDone(StateStreamReactor<typename Rpc::Response>* r, ExtractorMetrics* metrics,
                std::string request_id, int64_t chunk_bytes,
                std::vector<std::vector<int64_t>> inputs) {
   using Response = typename Rpc::Response;
@@ -174,7 +201,8 @@ auto OnJobDone(StreamReactor<typename Rpc::Response>* r, ExtractorMetrics* metri
     metrics->Tokens(Rpc::kMethod, static_cast<int64_t>(totals.tokens));
     if (body.before_states) r->Send(std::move(body.before_states));
     auto producer = std::make_shared<ChunkProducer<Rpc>>(
-        std::move(out->states), std::move(body.sequences), chunk_bytes, metrics);
+        std::move(out->states), std::move(body.sequences), chunk_bytes, metrics,
+        r->payload_slot());
     r->Send([producer](Response* m) { return producer->Next(m); });
     r->Send([producer, totals, sent = false](Response* m) mutable {
       if (sent) return false;
@@ -420,18 +448,27 @@ grpc::ServerUnaryReactor* ExtractorService::GetModelInfo(grpc::CallbackServerCon
 }
 
 template <class Rpc>
-grpc::ServerWriteReactor<typename Rpc::Response>* ExtractorService::StreamHiddenStates(
-    grpc::CallbackServerContext* ctx, const typename Rpc::Request& request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ExtractorService::StreamHiddenStates(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw_request) {
   using Response = typename Rpc::Response;
   std::string peer;
   const absl::Status slot = TryOpenStream(ctx, &peer);
-  auto* r = new StreamReactor<Response>(SteadyDeadline(ctx), DoneHook(Rpc::kMethod),
-                                        SlotRelease(slot.ok(), peer));
+  auto* r = new StateStreamReactor<Response>(SteadyDeadline(ctx), DoneHook(Rpc::kMethod),
+                                             SlotRelease(slot.ok(), peer));
   if (!slot.ok()) {
     r->Fail(slot);
     return r;
   }
   r->WatchIdle(&idle_watchdog_, ctx);
+  // A raw method gets the request's bytes: parsed here (Deserialize consumes its buffer).
+  typename Rpc::Request request;
+  grpc::ByteBuffer request_bytes(raw_request);
+  if (!grpc::SerializationTraits<typename Rpc::Request>::Deserialize(&request_bytes, &request)
+           .ok()) {
+    r->Fail(absl::InvalidArgumentError(absl::StrCat(
+        "request: not a valid ", Rpc::Request::descriptor()->full_name(), " message")));
+    return r;
+  }
   auto job = std::make_shared<Job>();
   job->kind = Rpc::kKind;
   absl::StatusOr<typename Rpc::Work> valid = Rpc::Validate(*this, request);
@@ -472,13 +509,13 @@ grpc::ServerWriteReactor<typename Rpc::Response>* ExtractorService::StreamHidden
   return r;
 }
 
-grpc::ServerWriteReactor<v1::ExtractResponse>* ExtractorService::Extract(
-    grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ExtractorService::Extract(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   return StreamHiddenStates<ExtractRpc>(ctx, *request);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* ExtractorService::Generate(
-    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ExtractorService::Generate(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   return StreamHiddenStates<GenerateRpc>(ctx, *request);
 }
 

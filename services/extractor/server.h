@@ -43,7 +43,11 @@ struct ExtractorLimits {
   int64_t max_send_message_bytes = 5 << 20;
 };
 
-class ExtractorService final : public v1::Extractor::CallbackService {
+// Extract and Generate are raw methods (their requests parsed here, their chunks' bytes sent
+// without a copy: common/rpc/payload_frame.h); the wire is the proto's.
+class ExtractorService final
+    : public v1::Extractor::WithRawCallbackMethod_Extract<
+          v1::Extractor::WithRawCallbackMethod_Generate<v1::Extractor::CallbackService>> {
  public:
   // Everything passed in must outlive the service. `tokenizer` may be null (text inputs then get
   // FAILED_PRECONDITION).
@@ -53,10 +57,10 @@ class ExtractorService final : public v1::Extractor::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ExtractionContract* response) override;
-  grpc::ServerWriteReactor<v1::ExtractResponse>* Extract(
-      grpc::CallbackServerContext* ctx, const v1::ExtractRequest* request) override;
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Extract(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
                                      const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
@@ -82,12 +86,13 @@ class ExtractorService final : public v1::Extractor::CallbackService {
 
  private:
   // The one skeleton of the Extract and Generate streams (server.cc; `Rpc` is ExtractRpc or
-  // GenerateRpc there, naming what differs): a stream slot, validation, the contract as the first
-  // message, the job queued on the Scheduler with its cancel hook; when the job is done, the
-  // call's own messages (Generate's completions), the states' chunks and the trailer.
+  // GenerateRpc there, naming what differs): a stream slot, the request parsed, validation, the
+  // contract as the first message, the job queued on the Scheduler with its cancel hook; when
+  // the job is done, the call's own messages (Generate's completions), the states' chunks and
+  // the trailer.
   template <class Rpc>
-  grpc::ServerWriteReactor<typename Rpc::Response>* StreamHiddenStates(
-      grpc::CallbackServerContext* ctx, const typename Rpc::Request& request);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* StreamHiddenStates(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw_request);
   struct Inputs;
   absl::StatusOr<std::vector<std::vector<int64_t>>> ResolveInputs(
       const google::protobuf::RepeatedPtrField<v1::SequenceInput>& inputs, bool add_special,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/memory_policy.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "services/extractor/engine.h"

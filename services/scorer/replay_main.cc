@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "common/checkpoint.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -741,6 +742,7 @@ absl::Status Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   const std::vector<std::string> args =
       specwire::ParseCommandLineFlags(argc, argv, specwire::kUsage);
+  specwire::KeepFreedMemoryForReuse();
   absl::Status s;
   try {
     s = specwire::Run(args);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/extractor_connection_flags.h"
 #include "common/command_line.h"
+#include "common/memory_policy.h"
 #include "common/rpc/security.h"
 #include "common/rpc/server_flags.h"
 #include "common/rpc/server_startup.h"
@@ -93,6 +94,9 @@ int main(int argc, char** argv) {
       "specwire-scorer --extractor ADDR[,ADDR...] [flags]\n"
       "Scores DFlash drafters against the target the extractor(s) serve (specwire.v1.Scorer),\n"
       "plus grpc.health.v1 and reflection. Metrics: Prometheus text format on --metrics_listen.");
+  // The drafter's forwards and the hidden-state streams it reads allocate the same sizes again
+  // and again.
+  KeepFreedMemoryForReuse();
   // Certificates and the token are read before the slow start-up work, so that a wrong path
   // fails at once.
   const ServerFlagOptions server_flags = ServerOptionsFromFlags();

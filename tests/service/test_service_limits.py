@@ -251,3 +251,22 @@ def test_health_is_not_serving_while_every_stream_slot_is_taken(server_factory, 
             wait_for(lambda: status(ch, service) == health_pb2.HealthCheckResponse.SERVING,
                      10, f"health of {service!r} to say SERVING again")
         held[1].cancel()
+
+
+@pytest.mark.parametrize("method", ["Extract", "Generate"])
+def test_a_request_that_is_not_the_message_is_invalid_argument(fp32_server, method):
+    """Extract and Generate parse their own requests (raw methods, for the zero-copy chunks):
+    bytes that are not the request message are INVALID_ARGUMENT naming the message type, and
+    the server goes on serving."""
+    with grpc.insecure_channel(fp32_server.address) as channel:
+        call = channel.unary_stream(f"/specwire.v1.Extractor/{method}",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        for garbage in (b"\xff\xff\xff", b"\x0a\x05ab", bytes(range(256)) * 3):
+            with pytest.raises(grpc.RpcError) as info:
+                list(call(garbage, timeout=30))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+            assert f"request: not a valid specwire.v1.{method}Request message" in \
+                info.value.details()
+    with ExtractorClient(fp32_server.address, timeout=30) as c:
+        assert c.extract([[1, 2, 3]], [0])[0]["layer.0"].shape[0] == 3
