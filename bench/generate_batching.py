@@ -53,6 +53,56 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def extract_latency(address: str, c, vocab: int, args) -> dict:
+    """A short Extract's latency (p50 / p99) while --long_generates long generations run."""
+    stop = threading.Event()
+
+    def long_gen(i):
+        with ExtractorClient(address, timeout=3600) as lc:
+            while not stop.is_set():
+                lc.generate([[5 + i, 6, 7]], args.long_tokens, ignore_model_eos=True)
+    threads = [threading.Thread(target=long_gen, args=(i,), daemon=True)
+               for i in range(args.long_generates)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    lat = []
+    for k in range(args.extracts):
+        t0 = time.perf_counter()
+        c.extract([[(k * 31 + j) % vocab for j in range(16)]], [0], dtype="fp32")
+        lat.append(time.perf_counter() - t0)
+    stop.set()
+    for t in threads:
+        t.join()
+    lat.sort()
+    return {"extract_p50_ms": 1000 * statistics.median(lat),
+            "extract_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
+
+
+def before_latency(model: Path, vocab: int, args, log_dir: Path) -> dict:
+    """The same latency against an extractor built from another tree (--before-build: e.g. a
+    build of the commit before continuous batching, which ran one Generate at a time)."""
+    env = os.environ.get("SPECWIRE_BUILD_DIR")
+    os.environ["SPECWIRE_BUILD_DIR"] = str(args.before_build)
+    try:
+        server = ExtractorServer(model, log_dir, dtype=args.dtype,
+                                 args=(f"--threads={args.threads}",))
+        server.start(timeout=300)
+    finally:
+        if env is None:
+            del os.environ["SPECWIRE_BUILD_DIR"]
+        else:
+            os.environ["SPECWIRE_BUILD_DIR"] = env
+    try:
+        with ExtractorClient(server.address, timeout=3600) as c:
+            c.generate([[1, 2, 3]], 4, ignore_model_eos=True)  # warm-up
+            out = extract_latency(server.address, c, vocab, args)
+        out["peak_rss_mib"] = peak_rss_mib(server.pid)
+    finally:
+        server.stop()
+    return out
+
+
 def run_target(name: str, model: Path, vocab: int, args, log_dir: Path) -> dict:
     server = ExtractorServer(model, log_dir, dtype=args.dtype,
                              args=(f"--threads={args.threads}",
@@ -79,29 +129,7 @@ def run_target(name: str, model: Path, vocab: int, args, log_dir: Path) -> dict:
             out["batched_tok_s"] = tokens / batched_s
             out["batched_s"] = batched_s
 
-            # A short Extract's latency while long generations run.
-            stop = threading.Event()
-
-            def long_gen(i):
-                with ExtractorClient(server.address, timeout=3600) as lc:
-                    while not stop.is_set():
-                        lc.generate([[5 + i, 6, 7]], args.long_tokens, ignore_model_eos=True)
-            threads = [threading.Thread(target=long_gen, args=(i,), daemon=True)
-                       for i in range(args.long_generates)]
-            for t in threads:
-                t.start()
-            time.sleep(1.0)
-            lat = []
-            for k in range(args.extracts):
-                t0 = time.perf_counter()
-                c.extract([[(k * 31 + j) % vocab for j in range(16)]], [0], dtype="fp32")
-                lat.append(time.perf_counter() - t0)
-            stop.set()
-            for t in threads:
-                t.join()
-            lat.sort()
-            out["extract_p50_ms"] = 1000 * statistics.median(lat)
-            out["extract_p99_ms"] = 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+            out.update(extract_latency(server.address, c, vocab, args))
         out["peak_rss_mib"] = peak_rss_mib(server.pid)
     finally:
         server.stop()
@@ -122,6 +150,8 @@ def main() -> int:
     ap.add_argument("--long_tokens", type=int, default=512)
     ap.add_argument("--extracts", type=int, default=40)
     ap.add_argument("--targets", default="qwen3,hybrid")
+    ap.add_argument("--before-build", type=Path,
+                    help="also measure the Extract latency against this build's extractor")
     args = ap.parse_args()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     log_dir = args.cache_dir / "logs"
@@ -132,6 +162,8 @@ def main() -> int:
     for name in args.targets.split(","):
         build, vocab = builders[name]
         rows.append(run_target(name, build(args.cache_dir), vocab, args, log_dir))
+        if args.before_build:
+            rows[-1]["before"] = before_latency(build(args.cache_dir), vocab, args, log_dir)
     print(f"{args.prompts} prompts x {args.max_new_tokens} new tokens, {args.dtype}, "
           f"{args.threads} threads; one-at-a-time rate from {args.sequential} prompts; Extract "
           f"latency: 16 tokens while {args.long_generates} Generates of {args.long_tokens} run")
@@ -144,6 +176,12 @@ def main() -> int:
         print(f"{r['target']:<8} {r['sequential_tok_s']:>20.1f} {r['batched_tok_s']:>14.1f} "
               f"{ratio:>7.2f} {r['batched_s']:>10.1f} {r['extract_p50_ms']:>15.1f} "
               f"{r['extract_p99_ms']:>8.1f} {r['peak_rss_mib']:>13.0f}")
+    for r in rows:
+        if "before" in r:
+            b = r["before"]
+            print(f"{r['target']:<8} before ({args.before_build}): extract p50 "
+                  f"{b['extract_p50_ms']:.1f} ms, p99 {b['extract_p99_ms']:.1f} ms, peak RSS "
+                  f"{b['peak_rss_mib']:.0f} MiB")
     print(f"generate_batching_ratio={min(ratios):.2f}")
     return 0
 
