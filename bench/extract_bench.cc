@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
+#include "common/models/cpu_threads.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 #include "services/extractor/engine.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, batch_layout, "per_sequence",
           "per_sequence (the extractor's default: each sequence its own forward) | padded.");
+ABSL_FLAG(std::string, cpu_binding, "auto",
+          "Intra-op threads bound to CPUs: auto | none | cores | a list such as 0-3 (the "
+          "extractor's flag, with its default).");
 ABSL_FLAG(bool, gemm, false, "Also time the forward's projection GEMMs alone (gemm_times_s).");
 
 namespace {
@@ -97,6 +101,10 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) at::set_num_threads(threads);
   KeepFreedMemoryForReuse();  // as the extractor does
+  auto binding = ParseCpuBinding(absl::GetFlag(FLAGS_cpu_binding), threads);
+  if (!binding.ok()) return Fail(std::string(binding.status().message()));
+  SetCpuBinding(*binding);
+  BindIntraOpThreads();  // this thread runs every forward below
   auto dtype = ParseComputeDtype(dtype_name);
   if (!dtype.ok()) return Fail(std::string(dtype.status().message()));
   LoadOptions load;
@@ -184,7 +192,8 @@ int main(int argc, char** argv) {
                            {"batch", batch},
                            {"batch_layout", BatchLayoutName(*layout)},
                            {"times_s", times},
-                           {"threads", at::get_num_threads()}};
+                           {"threads", at::get_num_threads()},
+                           {"cpu_binding", binding->ToString()}};
     if (gemm) line["gemm_times_s"] = gemm_times;
     std::cout << line.dump() << std::endl;
   }

@@ -28,6 +28,11 @@ ABSL_FLAG(std::string, dtype, "bfloat16", "Compute dtype: float32 | bfloat16 | f
 ABSL_FLAG(std::string, device_map, "cpu",
           "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads for the engine (0: torch's default).");
+ABSL_FLAG(std::string, cpu_binding, "auto",
+          "Where the engine's intra-op threads run: auto (cores when --threads takes every CPU "
+          "this process may use, else none) | none (the kernel places them) | cores (thread i on "
+          "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
+          "several on a host).");
 ABSL_FLAG(std::string, batch_layout, "per_sequence",
           "How a batch of sequences runs: per_sequence (each sequence its own unpadded forward: "
           "its hidden states are bit-identical whatever shares the batch) or padded (one padded "
@@ -99,6 +104,7 @@ int main(int argc, char** argv) {
   bo.dtype = absl::GetFlag(FLAGS_dtype);
   bo.device_map = absl::GetFlag(FLAGS_device_map);
   bo.threads = absl::GetFlag(FLAGS_threads);
+  bo.cpu_binding = absl::GetFlag(FLAGS_cpu_binding);
   bo.batch_layout = absl::GetFlag(FLAGS_batch_layout);
   bo.canary_tokens = absl::GetFlag(FLAGS_canary_tokens);
   if (bo.canary_tokens < 0) return Fail("--canary_tokens must not be negative");

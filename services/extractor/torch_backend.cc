@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/memory_policy.h"
+#include "common/models/cpu_threads.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "services/extractor/engine.h"
@@ -87,9 +88,9 @@ class TorchBackend : public ExtractorBackend {
   absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) override {
     // Every sequence of every request in one engine call (per sequence or padded: the engine's
-    // batch layout),
-    // capturing the union of what they asked for; each request then takes its own states in its
-    // own wire dtype.
+    // batch layout), capturing the union of what they asked for; each request then takes its
+    // own states in its own wire dtype.
+    BindIntraOpThreads();
     std::vector<std::vector<int64_t>> all;
     StateSelection united;
     bool same_dtype = true;
@@ -136,6 +137,7 @@ class TorchBackend : public ExtractorBackend {
   }
 
   absl::Status PrefillChunk(GenerationSequence& sequence) override {
+    BindIntraOpThreads();
     return RunGuarded("generate (prefill)", [&]() -> absl::Status {
       static_cast<TorchSequence&>(sequence).seq->PrefillChunk();
       return absl::OkStatus();
@@ -145,6 +147,7 @@ class TorchBackend : public ExtractorBackend {
   absl::Status DecodeStep(const std::vector<GenerationSequence*>& sequences) override {
     std::vector<GreedySequence*> batch;
     for (GenerationSequence* s : sequences) batch.push_back(static_cast<TorchSequence*>(s)->seq.get());
+    BindIntraOpThreads();
     return RunGuarded("generate (decode)", [&]() -> absl::Status {
       specwire::DecodeStep(engine_->model(), batch);
       return absl::OkStatus();
@@ -167,6 +170,9 @@ class TorchBackend : public ExtractorBackend {
 absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const BackendOptions& options) {
   if (options.threads > 0) at::set_num_threads(options.threads);
   KeepFreedMemoryForReuse();
+  SW_ASSIGN_OR_RETURN(CpuBinding binding, ParseCpuBinding(options.cpu_binding, options.threads));
+  SetCpuBinding(std::move(binding));
+  BindIntraOpThreads();  // the canary's forward runs on this thread
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(options.dtype));
   SW_ASSIGN_OR_RETURN(const BatchLayout layout,

@@ -15,6 +15,8 @@ struct BackendOptions {
   std::string dtype = "float32";  // compute dtype
   std::string device_map = "cpu";
   int threads = 0;  // intra-op CPU threads; 0: torch's default
+  // Where they run (common/models/cpu_threads.h): auto | none | cores | CPU ids and ranges.
+  std::string cpu_binding = "auto";
   // How a batch of sequences runs (engine.h): per sequence (bit-identical whatever shares the
   // batch) or as one padded forward.
   std::string batch_layout = "per_sequence";

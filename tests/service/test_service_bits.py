@@ -103,3 +103,29 @@ def test_same_request_twice_is_deterministic(client):
     two = client.extract(seqs, [1], dtype="fp32")
     for x, y in zip(one, two):
         assert torch.equal(x["layer.1"], y["layer.1"])
+
+
+def test_bound_threads_change_no_bit(server_factory, checkpoint, tmp_path):
+    """--cpu_binding=cores pins the engine's intra-op threads; the states are bit-identical to
+    an unbound server's with as many threads. A value it cannot bind stops the server at start,
+    naming the flag."""
+    import subprocess
+
+    from extractor_harness import binary
+    bound = server_factory(checkpoint, args=("--threads=2", "--cpu_binding=cores"),
+                           metrics=False)
+    unbound = server_factory(checkpoint, args=("--threads=2", "--cpu_binding=none"),
+                             metrics=False)
+    with ExtractorClient(bound.address, timeout=60) as b, \
+            ExtractorClient(unbound.address, timeout=60) as u:
+        got = b.extract(SEQUENCES, LAYERS, dtype="fp32", final_norm=True)
+        ref = u.extract(SEQUENCES, LAYERS, dtype="fp32", final_norm=True)
+    for g, r in zip(got, ref):
+        assert g.keys() == r.keys()
+        for name in r:
+            assert torch.equal(g[name], r[name]), first_difference(name, g[name], r[name])
+    out = subprocess.run([str(binary("specwire-extractor")), f"--model={checkpoint}",
+                          "--listen=127.0.0.1:0", "--metrics_listen=", "--cpu_binding=0-100000"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "--cpu_binding=0-100000" in out.stderr and "none | cores" in out.stderr, out.stderr
