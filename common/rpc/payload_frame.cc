@@ -1,5 +1,6 @@
 #include "common/rpc/payload_frame.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 

@@ -24,9 +24,8 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <utility>
-
 #include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "common/rpc/grpc_status.h"
@@ -282,7 +281,7 @@ class StreamReactor
   std::recursive_mutex mu_;   // reactions may run inline from StartWrite
   std::deque<Producer> producers_;
   Response msg_;
-  Payload payload_;    // raw calls: the payload of msg_
+  Payload payload_;        // raw calls: the payload of msg_
   grpc::ByteBuffer wire_;  // raw calls: msg_ encoded, while its write is in flight
   CancelHook on_cancel_;
   bool writing_ = false;
