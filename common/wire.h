@@ -21,8 +21,8 @@
 namespace specwire {
 
 // CRC-32C (Castagnoli), the checksum of iSCSI, ext4 and gRPC. Uses the SSE4.2 instruction, three
-// streams at once, when the CPU has it, a table otherwise. `crc` chains calls: Crc32c(b, Crc32c(a)) ==
-// Crc32c(a ++ b).
+// streams at once, when the CPU has it, a table otherwise. `crc` chains calls:
+// Crc32c(b, Crc32c(a)) == Crc32c(a ++ b).
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc = 0);
 // The same by the table alone, whatever the CPU (the reference the fast one is tested against).
 uint32_t Crc32cPortable(std::span<const std::byte> data, uint32_t crc = 0);

@@ -180,8 +180,9 @@ TEST(StateAssembler, PiecesAssembleAsOneSpan) {
     std::vector<std::byte> flipped = data;
     flipped[rng() % flipped.size()] ^= std::byte{1};
     StateAssembler bad(rows, hidden, DType::kBF16);
-    const std::span<const std::byte> halves[2] = {
-        std::span(flipped).first(flipped.size() / 2), std::span(flipped).subspan(flipped.size() / 2)};
+    const size_t half = flipped.size() / 2;
+    const std::span<const std::byte> halves[2] = {std::span(flipped).first(half),
+                                                  std::span(flipped).subspan(half)};
     EXPECT_EQ(bad.AddPieces(0, rows, hidden, DType::kBF16, halves, Crc32c(data)).code(),
               absl::StatusCode::kDataLoss);
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/payload_frame.h"
 
 namespace specwire {
 namespace {
@@ -17,13 +18,7 @@ std::string EncodeRequest(const std::string& service) {
   std::string out;
   if (service.empty()) return out;  // proto3 leaves default values out
   out.push_back(0x0a);              // field 1, length-delimited
-  for (uint64_t n = service.size();; n >>= 7) {
-    if (n < 0x80) {
-      out.push_back(static_cast<char>(n));
-      break;
-    }
-    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
+  AppendVarint(service.size(), &out);
   return out + service;
 }
 

@@ -11,14 +11,6 @@ namespace {
 
 constexpr int kLengthDelimited = 2;
 
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
 // Reads through a frame's slices, optionally appending what it reads to `record`.
 class Cursor {
  public:
@@ -83,18 +75,26 @@ absl::Status Malformed(const char* what) {
 
 }  // namespace
 
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
 grpc::ByteBuffer FrameWithPayload(int field, const google::protobuf::MessageLite& sub,
                                   int bytes_field, Payload payload) {
   std::string head;
   const size_t n = payload.bytes.size();
   std::string bytes_head;  // empty bytes are left out, as protobuf leaves them out
   if (n > 0) {
-    PutVarint(static_cast<uint64_t>(bytes_field) << 3 | kLengthDelimited, &bytes_head);
-    PutVarint(n, &bytes_head);
+    AppendVarint(static_cast<uint64_t>(bytes_field) << 3 | kLengthDelimited, &bytes_head);
+    AppendVarint(n, &bytes_head);
   }
   const size_t sub_size = sub.ByteSizeLong();
-  PutVarint(static_cast<uint64_t>(field) << 3 | kLengthDelimited, &head);
-  PutVarint(sub_size + bytes_head.size() + n, &head);
+  AppendVarint(static_cast<uint64_t>(field) << 3 | kLengthDelimited, &head);
+  AppendVarint(sub_size + bytes_head.size() + n, &head);
   sub.AppendToString(&head);
   head += bytes_head;
   if (n == 0) {

@@ -14,12 +14,16 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "google/protobuf/message_lite.h"
 
 namespace specwire {
+
+// Appends `v` as a protobuf base-128 varint (tags, lengths, integer fields).
+void AppendVarint(uint64_t v, std::string* out);
 
 // Bytes sent without a copy, and what keeps them alive until gRPC has sent them.
 struct Payload {

@@ -39,7 +39,9 @@ std::string Flatten(const grpc::ByteBuffer& bb) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(bb.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/models/torch_util.h"
+#include "common/splitmix.h"
 #include "common/status.h"
 
 namespace specwire {
@@ -19,13 +20,6 @@ absl::StatusOr<std::unique_ptr<ExtractionEngine>> ExtractionEngine::Load(
 }
 
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // fp64 statistics of one tap's states; sketch k adds ±x_i by bit k of SplitMix64(i).
 TapFingerprint Fingerprint(const std::string& tap, const at::Tensor& states) {

@@ -8,9 +8,9 @@
 // fit is refused at once), their prompts are prefilled one chunk (kPrefillChunkTokens) at a
 // time, and every sequence that is decoding takes one token per decoding step, shared with all
 // the others; a sequence leaves (and gives its cache back) when it stops, a request completes
-// when its last sequence does. Each round of the worker runs at most one Extract batch, one prefill chunk and
-// one decoding step, so a short Extract never waits behind a long generation for more than a
-// round. Decoding rows do not change each other's numbers (DecoderModel::DecodeStep), so a
+// when its last sequence does. Each round of the worker runs at most one Extract batch, one
+// prefill chunk and one decoding step, so a short Extract never waits behind a long generation
+// for more than a round. Decoding rows do not change each other's numbers (DecoderModel::DecodeStep), so a
 // sequence's tokens are those it would get alone. Reactions (gRPC threads) only ever enqueue.
 // The scorer's ScoreWorker (services/scorer/score_worker.h) says why the two are not one queue.
 #pragma once

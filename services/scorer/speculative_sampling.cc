@@ -2,15 +2,10 @@
 
 #include <algorithm>
 
+#include "common/splitmix.h"
+
 namespace specwire {
 namespace {
-
-uint64_t Mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Row `i` of a [rows, V] double tensor, contiguous.
 const double* Row(const at::Tensor& t, int64_t i) { return t.data_ptr<double>() + i * t.size(1); }
@@ -41,7 +36,7 @@ int64_t Draw(const double* w, int64_t V, double u) {
 }  // namespace
 
 double UniformAt(uint64_t seed, uint64_t stream, uint64_t index) {
-  const uint64_t z = Mix(Mix(Mix(seed) ^ stream) ^ index);
+  const uint64_t z = SplitMix64(SplitMix64(SplitMix64(seed) ^ stream) ^ index);
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 

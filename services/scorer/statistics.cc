@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 
+#include "common/splitmix.h"
 #include "nlohmann/json.hpp"
 
 namespace specwire {
@@ -41,10 +42,9 @@ bool WantIntervals(const BootstrapOptions& o, size_t n) {
 }  // namespace
 
 uint64_t BootstrapRng::Next() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  const uint64_t z = SplitMix64(state_);
+  state_ += kSplitMixIncrement;
+  return z;
 }
 
 uint64_t BootstrapRng::Below(uint64_t n) {
