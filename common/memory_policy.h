@@ -1,4 +1,6 @@
-// The process-wide memory policy every specwire binary applies at start-up.
+// The process-wide memory policy the binaries that run forwards or read hidden-state streams
+// apply at start-up (specwire-extractor, specwire-extract, specwire-scorer, specwire-replay,
+// specwire-cli, the C++ benchmarks).
 #pragma once
 
 namespace specwire {

@@ -39,6 +39,7 @@
 #include "clients/cpp/scorer_connection_flags.h"
 #include "common/command_line.h"
 #include "common/contract.h"
+#include "common/memory_policy.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -452,6 +453,7 @@ int RunHealth(const ExtractorConnection& extractor) {
 
 int Main(int argc, char** argv) {
   const std::vector<std::string> args = ParseCommandLineFlags(argc, argv, kUsage);
+  KeepFreedMemoryForReuse();  // it reads hidden-state streams
   if (args.size() != 1) {
     return Fail(absl::InvalidArgumentError(
                     args.empty() ? "give a command: info, extract, generate, export, fingerprint or health (see --help)"
