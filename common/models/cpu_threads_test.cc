@@ -59,7 +59,9 @@ TEST(CpuBinding, ParsesNoneCoresAndLists) {
   const int n = static_cast<int>(allowed.size());
   EXPECT_EQ(ParseCpuBinding("auto", n)->cpus, allowed);
   EXPECT_TRUE(ParseCpuBinding("auto", n + 1)->cpus.empty());
-  if (n > 1) EXPECT_TRUE(ParseCpuBinding("auto", 1)->cpus.empty());
+  if (n > 1) {
+    EXPECT_TRUE(ParseCpuBinding("auto", 1)->cpus.empty());
+  }
 }
 
 TEST(CpuBinding, RefusesWhatCannotBeBoundByName) {

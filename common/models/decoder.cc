@@ -202,7 +202,7 @@ at::Tensor DecoderModel::DecodeStep(const std::vector<int64_t>& tokens,
                                     const std::vector<ModelCache*>& caches) {
   TORCH_CHECK(!tokens.empty() && tokens.size() == caches.size(), "one cache per token");
   const int64_t N = static_cast<int64_t>(tokens.size());
-  const int64_t M = (N + kDecodeRowQuantum - 1) / kDecodeRowQuantum * kDecodeRowQuantum;
+  const int64_t M = DecodeRowsFor(N);
   std::vector<ForwardContext> ctx;
   ctx.reserve(tokens.size());  // rows point into it
   at::Tensor ids = at::zeros({M, 1}, at::kLong);

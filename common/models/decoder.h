@@ -37,6 +37,12 @@ class LayerCache {
  public:
   virtual ~LayerCache() = default;
   virtual int64_t bytes() const { return 0; }  // memory it holds
+  // What a rollback to this point needs: a copy of state that is not indexed by position (a
+  // recurrent state, a convolution window); nullptr for caches indexed by position (K/V), which
+  // roll back by their ModelCache's length alone.
+  virtual std::unique_ptr<LayerCache> SaveState() const { return nullptr; }
+  // Puts back what SaveState returned (a cache of the same kind and shape).
+  virtual void RestoreState(const LayerCache& saved) { (void)saved; }
 };
 
 // Positions and rotary tables for one forward call; rotary tables are built once per device and
@@ -161,12 +167,20 @@ class DecoderModel {
 
   // One greedy-decoding step of several sequences, each with its own batch-1 cache: tokens[i]
   // goes in at position caches[i]->length, which grows by one. Returns next-token logits
-  // [N, vocab]. The matrix products run on the rows padded to a multiple of kDecodeRowQuantum,
-  // where a row's rounding does not depend on how many rows there are (MKL and oneDNN pick
-  // other kernels, and other summation orders, for one row or a few), so a sequence's tokens are
-  // the same whatever else decodes beside it (decoder_test.cc: DecodeStep.*).
+  // [N, vocab]. The matrix products run on DecodeRowsFor(N) rows (padding rows after the real
+  // ones), where a row's rounding does not depend on how many rows there are: MKL and oneDNN
+  // pick other kernels, and other summation orders, for one row or a few, and where "a few" ends
+  // depends on the CPU (measured: from 4 rows on an AVX2 Xeon, from 6 on an AVX-512 one), so a
+  // sequence's tokens are the same whatever else decodes beside it (decoder_test.cc:
+  // DecodeStep.*, batched_decode_test.cc).
   at::Tensor DecodeStep(const std::vector<int64_t>& tokens, const std::vector<ModelCache*>& caches);
   static constexpr int64_t kDecodeRowQuantum = 4;
+  static constexpr int64_t kDecodeMinRows = 8;
+  // max(kDecodeMinRows, n rounded up to a multiple of kDecodeRowQuantum).
+  static int64_t DecodeRowsFor(int64_t n) {
+    const int64_t rounded = (n + kDecodeRowQuantum - 1) / kDecodeRowQuantum * kDecodeRowQuantum;
+    return rounded < kDecodeMinRows ? kDecodeMinRows : rounded;
+  }
 
  private:
   ModelConfig config_;
