@@ -66,6 +66,14 @@ class GatedDeltaNetCache : public LayerCache {
   int64_t bytes() const override {
     return static_cast<int64_t>(conv_state.nbytes() + recurrent_state.nbytes());
   }
+  std::unique_ptr<LayerCache> SaveState() const override {
+    return std::make_unique<GatedDeltaNetCache>(conv_state.clone(), recurrent_state.clone());
+  }
+  void RestoreState(const LayerCache& saved) override {
+    const auto& s = static_cast<const GatedDeltaNetCache&>(saved);
+    conv_state.copy_(s.conv_state);
+    recurrent_state.copy_(s.recurrent_state);
+  }
   at::Tensor conv_state;       // [B, conv_dim, K-1], compute dtype: the last K-1 conv inputs
   at::Tensor recurrent_state;  // [B, nv, dk, dv] fp32: S after the last processed token
 };

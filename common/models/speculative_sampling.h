@@ -20,6 +20,18 @@
 
 namespace specwire {
 
+// A sampling setting: temperature (0: greedy), then top-k (0: every token), then top-p.
+struct SamplingParams {
+  double temperature = 1;
+  double top_p = 1;
+  int64_t top_k = 0;
+};
+
+// The sampling distribution of one row of logits [V] at a setting, as doubles: softmax(logits /
+// T), then top-k, then top-p (the smallest set of most likely tokens whose probability reaches
+// top_p, ties by lower token id), renormalised. T = 0: one-hot at the argmax (first index on ties).
+at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingParams& setting);
+
 // The `index`-th uniform in [0, 1) of stream (`seed`, `stream`): a counter-based generator (a
 // SplitMix64 finaliser over the three coordinates), so a draw depends on where it is used and
 // nothing else: a session's draws are the same whatever ran before or beside it.

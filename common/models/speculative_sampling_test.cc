@@ -1,4 +1,4 @@
-#include "services/scorer/speculative_sampling.h"
+#include "common/models/speculative_sampling.h"
 
 #include <gtest/gtest.h>
 

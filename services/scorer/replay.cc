@@ -284,32 +284,8 @@ int32_t DDTreeAcceptedTopK(const std::vector<std::vector<float>>& lp,
 }
 
 at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting) {
-  at::Tensor l = logits.to(at::kCPU, at::kDouble).contiguous();
-  const int64_t V = l.size(0);
-  if (setting.temperature <= 0) {
-    at::Tensor p = at::zeros({V}, l.options());
-    p[l.argmax().item<int64_t>()] = 1.0;
-    return p;
-  }
-  at::Tensor p = at::softmax(l / setting.temperature, 0);
-  const bool top_k = setting.top_k > 0 && setting.top_k < V;
-  if (!top_k && setting.top_p >= 1) return p;
-  // Most likely first, the lower token id first among equals (a stable sort of −p).
-  auto [sorted, order] = at::sort(p.neg(), /*stable=*/true, 0, /*descending=*/false);
-  const double* sp = sorted.data_ptr<double>();
-  const int64_t* so = order.data_ptr<int64_t>();
-  const int64_t k_keep = top_k ? setting.top_k : V;
-  double kept_mass = 0;
-  for (int64_t i = 0; i < k_keep; ++i) kept_mass += -sp[i];
-  at::Tensor out = at::zeros({V}, l.options());
-  double* o = out.data_ptr<double>();
-  double before = 0;  // renormalised mass of the tokens kept so far
-  for (int64_t i = 0; i < k_keep; ++i) {
-    if (i > 0 && before >= setting.top_p) break;
-    o[so[i]] = -sp[i];
-    before += -sp[i] / kept_mass;
-  }
-  return out / out.sum();
+  return SamplingDistribution(logits, SamplingParams{setting.temperature, setting.top_p,
+                                                     setting.top_k});
 }
 
 std::vector<SampledAcceptance> TeacherForcedAcceptance(

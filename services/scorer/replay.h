@@ -30,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "common/models/speculative_sampling.h"
 #include "services/scorer/acceptance.h"
 #include "services/scorer/drafter.h"
 
@@ -130,9 +131,7 @@ class AcceptanceReplay {
   BlockDrafter* drafter_;
 };
 
-// The sampling distribution of one row of logits [V] (fp32) at a setting: softmax(logits / T),
-// then top-k, then top-p (the smallest set of most likely tokens whose probability reaches top_p,
-// ties by lower token id), renormalised. T = 0: one-hot at the argmax (first index on ties).
+// SamplingDistribution (common/models/speculative_sampling.h) at a job's setting.
 at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting);
 
 // Teacher-forced acceptance (the proto's TemperatureAcceptance) at each setting, both rules, on
