@@ -549,4 +549,193 @@ absl::StatusOr<std::map<std::string, ReceivedTensor>> ExtractorClient::GetTensor
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Live verification sessions.
+
+namespace {
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+}  // namespace
+
+struct ExtractorSession::Stream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> rw;
+  int64_t hidden_size = 0;
+  absl::Status broken;  // set once the stream failed: every later call returns it
+  bool closed = false;
+
+  // The stream's end status, once a read or write failed.
+  absl::Status End() {
+    if (!closed) {
+      closed = true;
+      grpc::Status s = rw->Finish();
+      broken = s.ok() ? absl::AbortedError("session: the server ended the stream")
+                      : FromGrpcStatus(s);
+    }
+    return broken;
+  }
+
+  // Sends one request and reads its answers: the chunks of `rows`-row states, then one answer
+  // (`answer` gets it). A `refused` answer is returned as its status.
+  absl::Status Call(const v1::SessionRequest& request, v1::SessionResponse* answer,
+                    std::vector<ReceivedState>* states) {
+    if (!broken.ok()) return broken;
+    if (!rw->Write(request)) return End();
+    struct Pending {
+      ReceivedState state;
+      StateAssembler assembler;
+    };
+    std::map<std::tuple<int, int32_t>, Pending> pending;
+    std::vector<std::tuple<int, int32_t>> order;
+    v1::SessionResponse r;
+    while (true) {
+      if (!rw->Read(&r)) return End();
+      if (r.message_case() != v1::SessionResponse::kChunk) break;
+      const v1::HiddenStateChunk& c = r.chunk();
+      const std::tuple<int, int32_t> key{static_cast<int>(c.state().tap()),
+                                         c.state().layer_id()};
+      auto it = pending.find(key);
+      if (it == pending.end()) {
+        absl::StatusOr<ReceivedState> s = ReceivedStateFromChunk(c);
+        if (!s.ok() || s->hidden != hidden_size) {
+          broken = StreamError(s.ok() ? absl::StrCat(s->TensorName(), ": hidden_size ", s->hidden,
+                                                     " differs from the contract's ", hidden_size)
+                                      : std::string(s.status().message()));
+          return broken;
+        }
+        Pending p{*s, StateAssembler(c.sequence_length(), c.hidden_size(), s->dtype)};
+        it = pending.emplace(key, std::move(p)).first;
+        order.push_back(key);
+      }
+      absl::StatusOr<DType> dtype = WireDTypeFromProto(c.dtype());
+      absl::Status added =
+          dtype.ok() ? it->second.assembler.Add(c.token_start(), c.token_count(), c.hidden_size(),
+                                                *dtype, AsBytes(c.data()), c.crc32c())
+                     : dtype.status();
+      if (!added.ok()) {
+        broken = StreamError(absl::StrCat(it->second.state.TensorName(), ": ", added.message()));
+        return broken;
+      }
+    }
+    if (r.message_case() == v1::SessionResponse::kRefused) {
+      if (!pending.empty()) {
+        broken = StreamError("states sent before a refusal");
+        return broken;
+      }
+      return absl::Status(static_cast<absl::StatusCode>(r.refused().code()), r.refused().message());
+    }
+    *answer = std::move(r);
+    const uint32_t rows = answer->has_opened()     ? answer->opened().state_rows()
+                          : answer->has_verified() ? answer->verified().state_rows()
+                                                   : 0;
+    for (const auto& key : order) {
+      Pending& p = pending.at(key);
+      if (!p.assembler.complete() || p.assembler.rows() != rows) {
+        broken = StreamError(absl::StrCat(p.state.TensorName(), ": ", p.assembler.rows(),
+                                          " rows, partly sent or not the answer's ", rows));
+        return broken;
+      }
+      p.state.bytes = p.assembler.Release();
+      states->push_back(std::move(p.state));
+    }
+    return absl::OkStatus();
+  }
+};
+
+ExtractorSession::ExtractorSession(std::unique_ptr<Stream> stream) : stream_(std::move(stream)) {}
+
+ExtractorSession::~ExtractorSession() {
+  if (stream_ && !stream_->closed) (void)Close();
+}
+
+absl::Status ExtractorSession::Close() {
+  if (stream_->closed) return stream_->broken.ok() ? absl::OkStatus() : stream_->broken;
+  stream_->rw->WritesDone();
+  v1::SessionResponse r;
+  while (stream_->rw->Read(&r)) {
+  }
+  stream_->closed = true;
+  const absl::Status s = FromGrpcStatus(stream_->rw->Finish());
+  stream_->broken = s.ok() ? absl::FailedPreconditionError("session: closed") : s;
+  return s;
+}
+
+absl::StatusOr<SessionVerifyReply> ExtractorSession::Verify(const SessionVerifyParams& params) {
+  v1::SessionRequest req;
+  v1::SessionVerify* v = req.mutable_verify();
+  TokenIdsToProto(params.draft_tokens, v->mutable_draft_tokens());
+  v->set_rule(params.rule == SessionRule::kDraftDistribution ? v1::RULE_DRAFT_DISTRIBUTION
+                                                             : v1::RULE_ARGMAX_DRAFT);
+  if (!params.draft_probs.empty()) {
+    v->set_draft_probs(params.draft_probs.data(), params.draft_probs.size() * sizeof(float));
+  }
+  v->mutable_parents()->Add(params.parents.begin(), params.parents.end());
+  v1::SessionResponse answer;
+  SessionVerifyReply out;
+  SW_RETURN_IF_ERROR(stream_->Call(req, &answer, &out.states));
+  if (!answer.has_verified()) return StreamError("verify answered with another message");
+  const v1::SessionVerified& a = answer.verified();
+  out.position = a.position();
+  out.accepted = static_cast<int32_t>(a.accepted());
+  out.accepted_tokens = TokenIdsFromProto(a.accepted_tokens());
+  out.path.assign(a.path().begin(), a.path().end());
+  out.next_token = a.next_token();
+  out.target_argmax = TokenIdsFromProto(a.target_argmax());
+  out.rule = a.rule();
+  return out;
+}
+
+absl::StatusOr<SessionCommitReply> ExtractorSession::Commit(int64_t accepted) {
+  if (accepted < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("commit.accepted = ", accepted, " is negative"));
+  }
+  v1::SessionRequest req;
+  req.mutable_commit()->set_accepted(static_cast<uint32_t>(accepted));
+  v1::SessionResponse answer;
+  std::vector<ReceivedState> none;
+  SW_RETURN_IF_ERROR(stream_->Call(req, &answer, &none));
+  if (!answer.has_committed()) return StreamError("commit answered with another message");
+  return SessionCommitReply{answer.committed().tokens(), answer.committed().next_token(),
+                            answer.committed().rollback_tokens()};
+}
+
+absl::StatusOr<std::unique_ptr<ExtractorSession>> ExtractorClient::OpenSession(
+    const SessionOpenParams& params) {
+  SW_ASSIGN_OR_RETURN(const ExtractionContract contract, Info());
+  auto stream = std::make_unique<ExtractorSession::Stream>();
+  stream->hidden_size = contract.hidden_size;
+  ExtractorClientOptions o = options_;
+  if (params.timeout_seconds > 0) o.timeout_seconds = params.timeout_seconds;
+  SetDeadline(o, &stream->ctx);
+  stream->rw = rpc_->stub->Session(&stream->ctx);
+  v1::SessionRequest req;
+  v1::SessionOpen* open = req.mutable_open();
+  SequenceInputToProto(params.prompt, open->mutable_prompt());
+  open->set_add_special_tokens(params.add_special_tokens);
+  LayerSelectionToProto(params.states, open->mutable_layers());
+  open->set_dtype(WireDTypeToProto(params.dtype));
+  open->set_max_new_tokens(params.max_new_tokens);
+  open->set_max_draft_tokens(params.max_draft_tokens);
+  open->mutable_sampling()->set_temperature(params.temperature);
+  open->mutable_sampling()->set_top_p(params.top_p);
+  open->mutable_sampling()->set_top_k(params.top_k);
+  open->mutable_sampling()->set_seed(params.seed);
+  open->set_request_id(params.request_id);
+  open->set_max_chunk_bytes(params.max_chunk_bytes);
+  v1::SessionResponse answer;
+  std::unique_ptr<ExtractorSession> session(new ExtractorSession(std::move(stream)));
+  SW_RETURN_IF_ERROR(session->stream_->Call(req, &answer, &session->opened_.states));
+  if (!answer.has_opened()) return StreamError("open answered with another message");
+  const v1::SessionOpened& a = answer.opened();
+  SessionOpenReply& r = session->opened_;
+  r.session_id = a.session_id();
+  r.prompt_token_ids = TokenIdsFromProto(a.prompt_token_ids());
+  r.next_token = a.next_token();
+  r.capacity = a.capacity();
+  r.max_draft_tokens = a.max_draft_tokens();
+  r.eos_token_ids = TokenIdsFromProto(a.eos_token_ids());
+  return session;
+}
+
 }  // namespace specwire

@@ -171,6 +171,82 @@ struct ReceivedTensor {
   std::string digest;  // "xxh3-128:<hex>"
 };
 
+// A live verification session (the Session method; extractor.proto has the contract).
+enum class SessionRule { kArgmaxDraft, kDraftDistribution };
+
+struct SessionOpenParams {
+  InputSequence prompt;
+  bool add_special_tokens = false;
+  RequestedStates states;  // returned for the prompt and for every verified block
+  DType dtype = DType::kBF16;
+  uint32_t max_new_tokens = 256;
+  uint32_t max_draft_tokens = 15;
+  double temperature = 0;  // 0: greedy
+  double top_p = 1;
+  uint32_t top_k = 0;
+  uint64_t seed = 0;
+  std::string request_id;
+  uint32_t max_chunk_bytes = 0;
+  double timeout_seconds = 0;  // the whole session's deadline; 0: the client's timeout_seconds
+};
+
+struct SessionOpenReply {
+  std::string session_id;
+  std::vector<int64_t> prompt_token_ids;
+  int64_t next_token = -1;  // the pending token
+  int64_t capacity = 0;
+  int64_t max_draft_tokens = 0;
+  std::vector<int64_t> eos_token_ids;
+  std::vector<ReceivedState> states;  // the prompt's rows
+};
+
+struct SessionVerifyParams {
+  std::vector<int64_t> draft_tokens;
+  SessionRule rule = SessionRule::kArgmaxDraft;
+  std::vector<float> draft_probs;  // [k, vocab] for kDraftDistribution
+  std::vector<int32_t> parents;    // a tree; empty: a chain
+};
+
+struct SessionVerifyReply {
+  int64_t position = 0;
+  int32_t accepted = 0;
+  std::vector<int64_t> accepted_tokens;
+  std::vector<int32_t> path;
+  int64_t next_token = -1;
+  std::vector<int64_t> target_argmax;
+  std::string rule;
+  std::vector<ReceivedState> states;  // the rows verification ran
+};
+
+struct SessionCommitReply {
+  int64_t tokens = 0;
+  int64_t next_token = -1;
+  int64_t rollback_tokens = 0;
+};
+
+// One open session: its calls in order from one thread. A refused verify or commit returns the
+// server's status and the session goes on unchanged; any other error ends it (later calls fail).
+// The destructor closes the stream (the server frees the session).
+class ExtractorSession {
+ public:
+  ~ExtractorSession();
+  ExtractorSession(const ExtractorSession&) = delete;
+  ExtractorSession& operator=(const ExtractorSession&) = delete;
+
+  const SessionOpenReply& opened() const { return opened_; }
+  absl::StatusOr<SessionVerifyReply> Verify(const SessionVerifyParams& params);
+  absl::StatusOr<SessionCommitReply> Commit(int64_t accepted);
+  // Half-closes the stream and returns its final status.
+  absl::Status Close();
+
+ private:
+  friend class ExtractorClient;
+  struct Stream;
+  explicit ExtractorSession(std::unique_ptr<Stream> stream);
+  std::unique_ptr<Stream> stream_;
+  SessionOpenReply opened_;
+};
+
 class ExtractorClient {
  public:
   explicit ExtractorClient(ExtractorClientOptions options);
@@ -197,6 +273,9 @@ class ExtractorClient {
                                                              bool add_special_tokens);
   absl::StatusOr<std::vector<std::string>> Detokenize(
       const std::vector<std::vector<int64_t>>& sequences, bool skip_special_tokens);
+
+  // Opens a live verification session: the prompt is prefilled and the first token drawn.
+  absl::StatusOr<std::unique_ptr<ExtractorSession>> OpenSession(const SessionOpenParams& params);
 
   // Named target tensors (e.g. "model.embed_tokens.weight", "lm_head.weight"), keyed by name.
   absl::StatusOr<std::map<std::string, ReceivedTensor>> GetTensors(

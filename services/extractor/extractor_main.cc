@@ -61,6 +61,14 @@ ABSL_FLAG(int64_t, max_tokens_per_request, 262144, "Tokens per request (all sequ
 ABSL_FLAG(int64_t, max_streams_per_peer, 0,
           "Open Extract/Generate/GetTensors streams from one client address (any port) at most; "
           "0: no cap beyond --max_concurrent_streams.");
+ABSL_FLAG(int64_t, max_sessions, 16,
+          "Live verification sessions (the Session method) open at once; one more is refused "
+          "with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_session_tokens, 16384,
+          "Positions one session may hold: prompt + max_new_tokens + max_draft_tokens + 1.");
+ABSL_FLAG(double, session_idle_seconds, 300,
+          "A session that sends no request for this long is closed (DEADLINE_EXCEEDED) and its "
+          "state freed; 0: never.");
 ABSL_FLAG(double, stream_idle_seconds, 60,
           "A stream whose client has read nothing for this long is cancelled (its slot and work "
           "freed); 0: never.");
@@ -150,6 +158,9 @@ int main(int argc, char** argv) {
   limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
   limits.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
   limits.stream_idle_seconds = absl::GetFlag(FLAGS_stream_idle_seconds);
+  limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  limits.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  limits.session_idle_seconds = absl::GetFlag(FLAGS_session_idle_seconds);
   limits.max_send_message_bytes = limits.max_chunk_bytes + (1 << 20);
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 

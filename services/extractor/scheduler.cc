@@ -112,7 +112,9 @@ int64_t Scheduler::reserved_cache_bytes() const {
 void Scheduler::Reject(const std::shared_ptr<Job>& job, absl::Status status) {
   Job::Timing timing;
   timing.queue_seconds = Seconds(std::chrono::steady_clock::now() - job->enqueued);
-  if (job->kind == Job::Kind::kExtract) {
+  if (job->kind == Job::Kind::kSession) {
+    if (job->session_call) job->session_call(std::move(status));
+  } else if (job->kind == Job::Kind::kExtract) {
     if (job->on_extract_done) job->on_extract_done(std::move(status), timing);
   } else if (job->on_generate_done) {
     job->on_generate_done(std::move(status), timing);
@@ -161,6 +163,7 @@ void Scheduler::WorkerLoop() {
   while (true) {
     std::vector<std::shared_ptr<Job>> batch;     // Extract jobs to run together
     std::vector<std::shared_ptr<Job>> admitted;  // Generate jobs whose caches fit now
+    std::vector<std::shared_ptr<Job>> calls;     // session calls
     // Jobs that will not run; completed after the lock is released (their callbacks take other
     // locks and talk to gRPC).
     std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> dropped;
@@ -186,6 +189,11 @@ void Scheduler::WorkerLoop() {
         if (now > job->deadline) {
           it = queue_.erase(it);
           dropped.emplace_back(job, absl::DeadlineExceededError("deadline passed while queued"));
+          continue;
+        }
+        if (job->kind == Job::Kind::kSession) {
+          calls.push_back(job);
+          it = queue_.erase(it);
           continue;
         }
         if (job->kind == Job::Kind::kGenerate) {
@@ -218,7 +226,7 @@ void Scheduler::WorkerLoop() {
         batch.push_back(job);
         it = queue_.erase(it);
       }
-      busy_ = !batch.empty() || active_runs_ > 0;
+      busy_ = !batch.empty() || !calls.empty() || active_runs_ > 0;
     }
     for (auto& [job, status] : dropped) Reject(job, status);
     if (stop) {
@@ -227,6 +235,7 @@ void Scheduler::WorkerLoop() {
       runs_.clear();
       continue;
     }
+    for (auto& call : calls) call->session_call(absl::OkStatus());
     if (!batch.empty()) RunExtractBatch(batch);
     AdvanceGeneration(admitted);
     {

@@ -46,7 +46,9 @@ struct SchedulerOptions {
 // One request's work. Exactly one completion callback runs, once, on the worker thread (or on the
 // submitting thread when Submit fails).
 struct Job {
-  enum class Kind { kExtract, kGenerate };
+  // kSession: one call of a live verification session (open, verify, commit), run between the
+  // rounds' other work, in arrival order.
+  enum class Kind { kExtract, kGenerate, kSession };
   Kind kind = Kind::kExtract;
   ExtractWork extract;
   GenerateWork generate;
@@ -65,6 +67,8 @@ struct Job {
   std::vector<int64_t> cache_bytes;
   std::function<void(absl::StatusOr<ExtractOutput>, const Timing&)> on_extract_done;
   std::function<void(absl::StatusOr<GenerateOutput>, const Timing&)> on_generate_done;
+  // kSession: runs on the worker with OK, or wherever the job is dropped with why it did not run.
+  std::function<void(absl::Status)> session_call;
 
   int64_t padded_tokens() const;
 };

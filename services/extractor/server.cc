@@ -1,6 +1,7 @@
 #include "services/extractor/server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -228,7 +229,51 @@ ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* schedul
       limits_(limits),
       idle_watchdog_(
           std::chrono::milliseconds(static_cast<int64_t>(limits.stream_idle_seconds * 1000)),
-          "--stream_idle_seconds") {}
+          "--stream_idle_seconds"),
+      sessions_(backend, scheduler,
+                SessionLimits{limits.max_sessions, limits.max_session_tokens,
+                              /*max_draft_tokens=*/64, limits.session_idle_seconds,
+                              limits.default_chunk_bytes, limits.max_chunk_bytes},
+                [this](const v1::SessionOpen& open) { return ValidateSessionOpen(open); }) {}
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* ExtractorService::Session(
+    grpc::CallbackServerContext* ctx) {
+  return sessions_.Start(ctx);
+}
+
+absl::StatusOr<SessionWork> ExtractorService::ValidateSessionOpen(
+    const v1::SessionOpen& request) const {
+  SessionWork work;
+  google::protobuf::RepeatedPtrField<v1::SequenceInput> prompts;
+  *prompts.Add() = request.prompt();
+  SW_ASSIGN_OR_RETURN(auto resolved,
+                      ResolveInputs(prompts, request.add_special_tokens(), "open.prompt"));
+  work.prompt = std::move(resolved.front());
+  work.max_new_tokens = request.max_new_tokens() == 0 ? 256 : request.max_new_tokens();
+  if (work.max_new_tokens > limits_.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("open.max_new_tokens: ", work.max_new_tokens,
+                                                   " exceeds the limit of ",
+                                                   limits_.max_new_tokens,
+                                                   " (--max_new_tokens_limit)"));
+  }
+  work.max_draft_tokens = request.max_draft_tokens() == 0 ? 15 : request.max_draft_tokens();
+  const v1::SessionSampling& s = request.sampling();
+  if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
+    return absl::InvalidArgumentError(absl::StrCat("open.sampling.temperature: ",
+                                                   s.temperature(), " must be finite and ≥ 0"));
+  }
+  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("open.sampling.top_p: ", s.top_p(), " must be in (0, 1] (0: 1)"));
+  }
+  work.temperature = s.temperature();
+  work.top_p = s.top_p() == 0 ? 1 : s.top_p();
+  work.top_k = s.top_k();
+  work.seed = s.seed();
+  SW_ASSIGN_OR_RETURN(work.selection, ResolveSelection(request.layers()));
+  SW_ASSIGN_OR_RETURN(work.wire_dtype, ResolveDType(request.dtype(), "open.dtype"));
+  return work;
+}
 
 std::function<void(const std::string&, double)> ExtractorService::DoneHook(const char* method) {
   return [this, method](const std::string& code, double seconds) {

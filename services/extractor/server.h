@@ -15,6 +15,7 @@
 #include "proto/specwire/v1/extractor.grpc.pb.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
+#include "services/extractor/session_service.h"
 #include "services/extractor/work.h"
 
 namespace specwire {
@@ -41,6 +42,10 @@ struct ExtractorLimits {
   // The largest message the server sends (ServerStartOptions::max_send_message_bytes): a
   // Tokenize answer that could exceed it is refused before the work.
   int64_t max_send_message_bytes = 5 << 20;
+  // Live verification sessions (session_service.h); chunk sizes are the ones above.
+  int64_t max_sessions = 16;
+  int64_t max_session_tokens = 16384;
+  double session_idle_seconds = 300;
 };
 
 // Extract and Generate are raw methods (their requests parsed here, their chunks' bytes sent
@@ -69,11 +74,16 @@ class ExtractorService final
                                        v1::DetokenizeResponse* response) override;
   grpc::ServerWriteReactor<v1::TensorChunk>* GetTensors(
       grpc::CallbackServerContext* ctx, const v1::GetTensorsRequest* request) override;
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+      grpc::CallbackServerContext* ctx) override;
 
   // The checks Extract and Generate make before any work is queued, callable without a call
   // (fuzz/): the validated work, or INVALID_ARGUMENT / FAILED_PRECONDITION naming the field.
   absl::StatusOr<ExtractWork> ValidateExtract(const v1::ExtractRequest& request) const;
   absl::StatusOr<GenerateWork> ValidateGenerate(const v1::GenerateRequest& request) const;
+  // A session's open request (the prompt, states, bounds and sampling), as above.
+  absl::StatusOr<SessionWork> ValidateSessionOpen(const v1::SessionOpen& request) const;
+  int64_t open_sessions() const { return sessions_.open_sessions(); }
 
   // Streams currently open (for the concurrency limit).
   int64_t active_streams() const { return active_streams_.load(); }
@@ -124,6 +134,7 @@ class ExtractorService final
   std::map<std::string, int64_t> streams_by_peer_;  // open streams per client address
   StreamWatchdog idle_watchdog_;
   std::mutex tensors_mu_;  // GetTensors digests are computed lazily by the backend
+  SessionService sessions_;  // last: its idle check runs while the rest is alive
 };
 
 }  // namespace specwire

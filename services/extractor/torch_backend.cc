@@ -10,6 +10,7 @@
 #include "common/digest.h"
 #include "common/memory_policy.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/target_session.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
 #include "services/extractor/engine.h"
@@ -76,6 +77,78 @@ class TorchSequence final : public GenerationSequence {
   std::unique_ptr<GreedySequence> seq;
 };
 
+// States of a session's rows ([1, rows, H] captures), in AppendStates' order.
+std::vector<HostState> SessionStates(const CapturedStates& c, const StateSelection& want,
+                                     int64_t num_layers, at::ScalarType dtype) {
+  SequenceStates st;
+  if (c.embedding.defined()) st.embedding = c.embedding.select(0, 0).to(at::kCPU);
+  for (const auto& [id, t] : c.layers) st.layers[id] = t.select(0, 0).to(at::kCPU);
+  if (c.final_norm.defined()) st.final_norm = c.final_norm.select(0, 0).to(at::kCPU);
+  std::vector<HostState> out;
+  AppendStates(st, want, 0, num_layers, dtype, out);
+  return out;
+}
+
+class TorchLiveSession final : public LiveSession {
+ public:
+  TorchLiveSession(std::unique_ptr<TargetSession> s, StateSelection selection, DType dtype,
+                   int64_t num_layers)
+      : session_(std::move(s)),
+        selection_(std::move(selection)),
+        dtype_(ToScalarType(dtype)),
+        num_layers_(num_layers) {}
+
+  absl::StatusOr<VerifyOutput> Verify(const VerifyWork& work) override {
+    BindIntraOpThreads();
+    VerifyDraft draft;
+    draft.tokens = work.tokens;
+    draft.parents = work.parents;
+    draft.rule = work.rule == DraftRule::kDraftDistribution ? VerifyRule::kDraftDistribution
+                                                            : VerifyRule::kArgmaxDraft;
+    VerifyOutput out;
+    SW_RETURN_IF_ERROR(RunGuarded("session verify", [&]() -> absl::Status {
+      if (draft.rule == VerifyRule::kDraftDistribution && !work.draft_probs.empty()) {
+        const int64_t k = static_cast<int64_t>(work.tokens.size());
+        const int64_t n = static_cast<int64_t>(work.draft_probs.size());
+        draft.draft_q = at::from_blob(const_cast<float*>(work.draft_probs.data()), {n},
+                                      at::kFloat)
+                            .view({k > 0 && n % k == 0 ? k : 1, k > 0 && n % k == 0 ? n / k : n});
+      }
+      SW_ASSIGN_OR_RETURN(VerifyOutcome v, session_->Verify(draft));
+      out.position = v.position;
+      out.accepted = v.accepted;
+      out.accepted_tokens = std::move(v.accepted_tokens);
+      out.path = std::move(v.path);
+      out.next_token = v.next_token;
+      out.target_argmax = std::move(v.target_argmax);
+      out.states = SessionStates(v.states, selection_, num_layers_, dtype_);
+      return absl::OkStatus();
+    }));
+    return out;
+  }
+
+  absl::StatusOr<CommitOutput> Commit(int64_t accepted) override {
+    BindIntraOpThreads();
+    CommitOutput out;
+    const int64_t before = session_->rollback_tokens();
+    SW_RETURN_IF_ERROR(RunGuarded("session commit", [&]() -> absl::Status {
+      return session_->Commit(accepted);
+    }));
+    out.tokens = session_->cached_tokens();
+    out.next_token = session_->pending_token();
+    out.rollback_tokens = session_->rollback_tokens() - before;
+    return out;
+  }
+
+  int64_t bytes() const override { return session_->bytes(); }
+
+ private:
+  std::unique_ptr<TargetSession> session_;
+  StateSelection selection_;
+  at::ScalarType dtype_;
+  int64_t num_layers_;
+};
+
 class TorchBackend : public ExtractorBackend {
  public:
   explicit TorchBackend(std::unique_ptr<ExtractionEngine> engine)
@@ -84,6 +157,7 @@ class TorchBackend : public ExtractorBackend {
   const ExtractionContract& contract() const override { return engine_->contract(); }
   int64_t vocab_size() const override { return engine_->config().vocab_size; }
   int64_t num_layers() const override { return engine_->config().num_layers; }
+  std::vector<int64_t> eos_token_ids() const override { return engine_->config().eos_token_ids; }
 
   absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) override {
@@ -155,6 +229,30 @@ class TorchBackend : public ExtractorBackend {
   }
 
   int64_t SequenceBytes(int64_t tokens) const override { return cache_cost_.Bytes(tokens); }
+
+  absl::StatusOr<std::unique_ptr<LiveSession>> OpenSession(const SessionWork& work,
+                                                           SessionOpenOutput* opened) override {
+    BindIntraOpThreads();
+    TargetSessionOptions options;
+    options.max_new_tokens = work.max_new_tokens;
+    options.max_draft_tokens = work.max_draft_tokens;
+    options.sampling = {work.temperature, work.top_p, work.top_k};
+    options.seed = work.seed;
+    options.capture = ToCapture(work.selection);
+    std::unique_ptr<LiveSession> live;
+    SW_RETURN_IF_ERROR(RunGuarded("session open", [&]() -> absl::Status {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<TargetSession> s,
+                          TargetSession::Open(engine_->model(), work.prompt, options));
+      opened->next_token = s->pending_token();
+      opened->capacity = s->capacity();
+      opened->states = SessionStates(s->prompt_states(), work.selection, num_layers(),
+                                     ToScalarType(work.wire_dtype));
+      live = std::make_unique<TorchLiveSession>(std::move(s), work.selection, work.wire_dtype,
+                                                num_layers());
+      return absl::OkStatus();
+    }));
+    return live;
+  }
 
   absl::StatusOr<TensorBytes> GetTensor(const std::string& name) override {
     return engine_->StoredTensor(name);

@@ -90,6 +90,61 @@ class GenerationSequence {
   virtual CompletionOutput completion() const = 0;  // what it emitted so far, and why it stopped
 };
 
+// A live verification session (common/models/target_session.h has the semantics; the proto's
+// Session comments the contract).
+struct SessionWork {
+  std::vector<int64_t> prompt;
+  int64_t max_new_tokens = 256;
+  int64_t max_draft_tokens = 15;
+  double temperature = 0;  // 0: greedy
+  double top_p = 1;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  StateSelection selection;
+  DType wire_dtype = DType::kBF16;
+};
+
+enum class DraftRule { kArgmaxDraft, kDraftDistribution };
+
+struct VerifyWork {
+  std::vector<int64_t> tokens;
+  std::vector<int32_t> parents;  // empty: a chain
+  DraftRule rule = DraftRule::kArgmaxDraft;
+  std::vector<float> draft_probs;  // [k, vocab] row-major for kDraftDistribution
+};
+
+struct SessionOpenOutput {
+  int64_t next_token = -1;  // the pending token
+  int64_t capacity = 0;
+  std::vector<HostState> states;  // the prompt's rows
+};
+
+struct VerifyOutput {
+  int64_t position = 0;
+  int32_t accepted = 0;
+  std::vector<int64_t> accepted_tokens;
+  std::vector<int32_t> path;
+  int64_t next_token = -1;
+  std::vector<int64_t> target_argmax;
+  std::vector<HostState> states;  // the rows verification ran
+};
+
+struct CommitOutput {
+  int64_t tokens = 0;  // prompt + committed completion
+  int64_t next_token = -1;
+  int64_t rollback_tokens = 0;
+};
+
+// One session's state in the backend. Calls run on the service's worker thread, one at a time.
+class LiveSession {
+ public:
+  virtual ~LiveSession() = default;
+  // INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION naming the field; nothing changes then.
+  virtual absl::StatusOr<VerifyOutput> Verify(const VerifyWork& work) = 0;
+  virtual absl::StatusOr<CommitOutput> Commit(int64_t accepted) = 0;
+  virtual int64_t bytes() const = 0;  // what its caches hold
+};
+
 // What the service needs from an engine. Implementations run on the service's worker thread;
 // calls never overlap on one instance.
 class ExtractorBackend {
@@ -98,6 +153,8 @@ class ExtractorBackend {
   virtual const ExtractionContract& contract() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t num_layers() const = 0;
+  // The model's end-of-sequence token ids (config.json / generation_config.json).
+  virtual std::vector<int64_t> eos_token_ids() const { return {}; }
   // Runs several requests' sequences as one batch; result i belongs to works[i].
   virtual absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) = 0;
@@ -119,6 +176,12 @@ class ExtractorBackend {
   }
   // Bytes a sequence's cache holds for `tokens` positions (prompt + max_new_tokens).
   virtual int64_t SequenceBytes(int64_t tokens) const { return 0; }
+
+  // A live verification session: prefills the prompt and draws the pending token.
+  virtual absl::StatusOr<std::unique_ptr<LiveSession>> OpenSession(const SessionWork& work,
+                                                                   SessionOpenOutput* opened) {
+    return absl::UnimplementedError("this backend has no live sessions");
+  }
 };
 
 // HF output_hidden_states index of a state (see common/contract.h).

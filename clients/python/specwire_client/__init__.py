@@ -15,6 +15,8 @@
                       or EAGLE-3 layout), the extraction contract beside them
     audit (module)    are features made elsewhere the canonical ones? audit_features, the readers
                       of SpecForge / vLLM / speculators / transformers captures, acceptance_impact
+    LiveSession       a live verification session (ExtractorClient.session): verify drafts on the
+                      target by the lossless rule, commit what was accepted
     ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
                       uploads a drafter checkpoint and returns its scores (CheckpointScores)
 
@@ -33,6 +35,7 @@ from .export import export_features
 from .errors import ContractMismatch, CorruptStream, ExtractorError, IncompleteStream
 from .scorer import CheckpointScores, DatasetScore, ScorerClient, ScorerError
 from .security import ChannelSecurity
+from .session import Committed, LiveSession, Verified
 
 __version__ = "0.1.0"
 
@@ -40,7 +43,8 @@ __all__ = [
     "ChatTemplate", "PreparedChat", "TemplateRecord", "write_prepared_dataset",
     "CheckpointScores", "DatasetScore", "ScorerClient", "ScorerError", "ChannelSecurity",
     "Contract", "ContractExpectation", "ContractMismatch", "CorruptStream", "ExtractorClient",
-    "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream", "RetryPolicy",
+    "Committed", "ExtractorError", "FeatureDataset", "GenerateResult", "IncompleteStream",
+    "LiveSession", "RetryPolicy", "Verified",
     "SequenceStates", "SkippedTensors", "StreamResult", "channel_target", "crc32c",
     "export_features", "extractor_pb2", "extractor_pb2_grpc", "pad_collate", "wire_dtype",
 ]

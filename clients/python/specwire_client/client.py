@@ -448,6 +448,16 @@ class ExtractorClient:
                                c.finish_reason, asm.tensors(i))
                 for i, c in enumerate(completions)]
 
+    def session(self, prompt: SequenceLike, layer_ids: Iterable[int] = (), **kwargs: Any) -> Any:
+        """Opens a live verification session (specwire_client.session.LiveSession): the prompt
+        is prefilled and the first token drawn. Keywords: embedding, final_norm, dtype,
+        max_new_tokens, max_draft_tokens, temperature, top_p, top_k, seed, add_special_tokens,
+        timeout (the whole session's deadline), request_id."""
+        from .session import LiveSession
+
+        kwargs.setdefault("timeout", self.timeout)
+        return LiveSession(self, prompt, layer_ids, **kwargs)
+
     def get_tensors(self, names: Sequence[str], *, max_chunk_bytes: int | None = None,
                     timeout: float | None = _UNSET) -> dict[str, torch.Tensor]:
         """Named target tensors in their stored dtype. Every chunk's crc32c is checked, and the
