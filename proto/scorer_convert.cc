@@ -89,6 +89,25 @@ void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
   out->set_tree_method(s.tree_method);
   out->set_tree_depth(static_cast<uint32_t>(std::max(0, s.tree_depth)));
   out->set_tree_top_k(static_cast<uint32_t>(std::max(0, s.tree_top_k)));
+  out->set_loop(s.loop);
+  if (s.live) {
+    v1::LiveLoopSummary* l = out->mutable_live();
+    l->mutable_sampling()->set_temperature(s.live->setting.temperature);
+    l->mutable_sampling()->set_top_p(s.live->setting.top_p);
+    l->mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max(0, s.live->setting.top_k)));
+    l->set_rule(s.live->rule);
+    l->set_seed(s.live->seed);
+    l->set_verify_calls(static_cast<uint64_t>(s.live->verify_calls));
+    l->set_drafted_tokens(static_cast<uint64_t>(s.live->drafted_tokens));
+    l->set_accepted_tokens(static_cast<uint64_t>(s.live->accepted_tokens));
+    l->set_drafter_seconds(s.live->drafter_seconds);
+    l->set_target_seconds(s.live->target_seconds);
+    l->set_self_check_prompts(static_cast<uint32_t>(s.live->self_check_prompts));
+    l->set_self_check_matching(static_cast<uint32_t>(s.live->self_check_matching));
+    for (int64_t i : s.live->self_check_mismatches) {
+      l->add_self_check_mismatches(static_cast<uint32_t>(i));
+    }
+  }
   for (const TemperatureSummary& t : s.temperature) {
     auto* o = out->add_temperature();
     o->mutable_setting()->set_temperature(t.setting.temperature);
@@ -147,6 +166,25 @@ AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
     t.alpha.assign(x.alpha().begin(), x.alpha().end());
     t.alpha_blocks.assign(x.alpha_blocks().begin(), x.alpha_blocks().end());
     s.temperature.push_back(t);
+  }
+  if (!p.loop().empty()) s.loop = p.loop();
+  if (p.has_live()) {
+    LiveSummary l;
+    l.setting.temperature = p.live().sampling().temperature();
+    l.setting.top_p = p.live().sampling().top_p();
+    l.setting.top_k = static_cast<int32_t>(p.live().sampling().top_k());
+    l.rule = p.live().rule();
+    l.seed = p.live().seed();
+    l.verify_calls = static_cast<int64_t>(p.live().verify_calls());
+    l.drafted_tokens = static_cast<int64_t>(p.live().drafted_tokens());
+    l.accepted_tokens = static_cast<int64_t>(p.live().accepted_tokens());
+    l.drafter_seconds = p.live().drafter_seconds();
+    l.target_seconds = p.live().target_seconds();
+    l.self_check_prompts = p.live().self_check_prompts();
+    l.self_check_matching = p.live().self_check_matching();
+    l.self_check_mismatches.assign(p.live().self_check_mismatches().begin(),
+                                   p.live().self_check_mismatches().end());
+    s.live = l;
   }
   s.tree_method = p.tree_method();
   s.tree_depth = static_cast<int32_t>(p.tree_depth());
@@ -214,6 +252,18 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
     t.top_k = static_cast<int32_t>(std::min<uint32_t>(x.top_k(), INT32_MAX));
     s.sampling.push_back(t);
   }
+  if (r.has_live()) {
+    s.live.enabled = true;
+    s.live.setting.temperature = r.live().sampling().temperature();
+    s.live.setting.top_p = r.live().sampling().top_p() == 0 ? 1.0 : r.live().sampling().top_p();
+    s.live.setting.top_k =
+        static_cast<int32_t>(std::min<uint32_t>(r.live().sampling().top_k(), INT32_MAX));
+    if (!r.live().rule().empty()) s.live.rule = r.live().rule();
+    s.live.seed = r.live().seed();
+    if (r.live().has_self_check_prompts()) {
+      s.live.self_check_prompts = r.live().self_check_prompts();
+    }
+  }
   return s;
 }
 
@@ -241,6 +291,16 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
     t->set_temperature(x.temperature);
     t->set_top_p(x.top_p);
     t->set_top_k(static_cast<uint32_t>(std::max(0, x.top_k)));
+  }
+  if (s.live.enabled) {
+    v1::LiveLoop* l = out->mutable_live();
+    l->mutable_sampling()->set_temperature(s.live.setting.temperature);
+    l->mutable_sampling()->set_top_p(s.live.setting.top_p);
+    l->mutable_sampling()->set_top_k(static_cast<uint32_t>(std::max(0, s.live.setting.top_k)));
+    l->set_rule(s.live.rule);
+    l->set_seed(s.live.seed);
+    l->set_self_check_prompts(
+        static_cast<uint32_t>(std::max<int64_t>(0, s.live.self_check_prompts)));
   }
   out->set_drafter_label(s.labels.drafter);
   out->set_dataset_label(s.labels.dataset);

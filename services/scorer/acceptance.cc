@@ -261,6 +261,23 @@ std::string AcceptanceSummaryToJson(const AcceptanceSummary& s) {
   }
   j["temperature"] = temperature;
   j["tree"] = {{"method", s.tree_method}, {"depth", s.tree_depth}, {"top_k", s.tree_top_k}};
+  j["loop"] = s.loop;
+  if (s.live) {
+    const LiveSummary& l = *s.live;
+    j["live"] = {{"temperature", l.setting.temperature},
+                 {"top_p", l.setting.top_p},
+                 {"top_k", l.setting.top_k},
+                 {"rule", l.rule},
+                 {"seed", l.seed},
+                 {"verify_calls", l.verify_calls},
+                 {"drafted_tokens", l.drafted_tokens},
+                 {"accepted_tokens", l.accepted_tokens},
+                 {"drafter_seconds", l.drafter_seconds},
+                 {"target_seconds", l.target_seconds},
+                 {"self_check_prompts", l.self_check_prompts},
+                 {"self_check_matching", l.self_check_matching},
+                 {"self_check_mismatches", l.self_check_mismatches}};
+  }
   return j.dump();
 }
 

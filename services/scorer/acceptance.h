@@ -95,6 +95,23 @@ struct SummaryOptions {
   int64_t token_window = 64;  // τ by completion-token window of this many tokens; 0: none
 };
 
+// What a job's live loop did (ScoreRequest.live), beside the summary of its step lengths.
+struct LiveSummary {
+  SamplingSetting setting{0, 1, 0};
+  std::string rule;
+  uint64_t seed = 0;
+  int64_t verify_calls = 0;
+  int64_t drafted_tokens = 0;
+  int64_t accepted_tokens = 0;
+  double drafter_seconds = 0;
+  double target_seconds = 0;
+  // Greedy self-check: prompts also replayed on their Generate trajectory, and how many of them
+  // gave the same trajectory and the same step lengths (live τ = replay τ step for step).
+  int64_t self_check_prompts = 0;
+  int64_t self_check_matching = 0;
+  std::vector<int64_t> self_check_mismatches;  // prompt indices
+};
+
 struct AcceptanceSummary {
   int32_t block_size = 0;
   int64_t responses = 0;
@@ -126,6 +143,10 @@ struct AcceptanceSummary {
   std::string tree_method = kTreeDDTree;
   int32_t tree_depth = 0;
   int32_t tree_top_k = 0;
+  // "replay" (the greedy replay of Generate trajectories) or "live" (the real loop through
+  // extractor sessions; `live` says how).
+  std::string loop = "replay";
+  std::optional<LiveSummary> live;
 };
 
 // Every step length must lie in [1, block_size] (the replay guarantees it; see

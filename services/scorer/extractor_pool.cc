@@ -38,6 +38,10 @@ class ClientEndpoint : public ExtractorEndpoint {
       const std::vector<std::string>& names) override {
     return client_.GetTensors(names);
   }
+  absl::StatusOr<std::unique_ptr<ExtractorSession>> OpenSession(
+      const SessionOpenParams& params) override {
+    return client_.OpenSession(params);
+  }
 
  private:
   ExtractorClient client_;

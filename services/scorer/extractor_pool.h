@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "clients/cpp/extractor_client.h"
 #include "common/contract.h"
 
@@ -29,6 +30,12 @@ class ExtractorEndpoint {
   virtual absl::StatusOr<GenerateReply> Generate(const GenerateParams& params) = 0;
   virtual absl::StatusOr<std::map<std::string, ReceivedTensor>> GetTensors(
       const std::vector<std::string>& names) = 0;
+  // A live verification session (live jobs); UNIMPLEMENTED where the endpoint has none.
+  virtual absl::StatusOr<std::unique_ptr<ExtractorSession>> OpenSession(
+      const SessionOpenParams& params) {
+    (void)params;
+    return absl::UnimplementedError(absl::StrCat(address(), ": no live sessions"));
+  }
 };
 
 std::unique_ptr<ExtractorEndpoint> MakeClientEndpoint(ExtractorClientOptions options);

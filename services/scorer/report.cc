@@ -460,6 +460,23 @@ std::string SummaryTable(const ScoreReport& r) {
   }
   row("acceptance rate", absl::StrCat(Fixed(s.acceptance_rate, 4), "  (", s.num_accepted_tokens,
                                       " / ", s.num_draft_tokens, " draft tokens)"));
+  if (s.live) {
+    const LiveSummary& l = *s.live;
+    row("loop", absl::StrCat("live (", l.rule, ", T ", Fixed(l.setting.temperature, 2),
+                             " top_p ", Fixed(l.setting.top_p, 2), " top_k ", l.setting.top_k,
+                             ", seed ", l.seed, "): ", l.verify_calls, " verifications, drafter ",
+                             Fixed(l.drafter_seconds, 2), " s, target ",
+                             Fixed(l.target_seconds, 2), " s"));
+    if (l.self_check_prompts > 0) {
+      row("live = replay (self-check)",
+          absl::StrCat(l.self_check_matching, " of ", l.self_check_prompts,
+                       " prompts step for step",
+                       l.self_check_mismatches.empty()
+                           ? ""
+                           : absl::StrCat("; differ: ", absl::StrJoin(l.self_check_mismatches,
+                                                                      ", "))));
+    }
+  }
   absl::StrAppend(&t, "\n  per-position acceptance (conditional; accepted / reached)\n");
   for (size_t k = 0; k < s.per_position_acceptance.size(); ++k) {
     const int64_t reached = k < s.per_position_reached.size() ? s.per_position_reached[k] : 0;

@@ -212,6 +212,12 @@ std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
   for (const SamplingSetting& x : spec.sampling) {
     d.UpdateField(absl::StrCat("sampling:", x.temperature, ":", x.top_p, ":", x.top_k));
   }
+  // The live loop (a replay job keeps the key it had before live jobs existed).
+  if (spec.live.enabled) {
+    const SamplingSetting& x = spec.live.setting;
+    d.UpdateField(absl::StrCat("live:", x.temperature, ":", x.top_p, ":", x.top_k, ":",
+                               spec.live.rule, ":", spec.live.seed));
+  }
   d.UpdateField(absl::StrCat(static_cast<int>(wire_dtype)));
   d.UpdateField(absl::StrCat(prompts.size()));
   for (const auto& p : prompts) d.UpdateField(absl::StrJoin(p, ","));

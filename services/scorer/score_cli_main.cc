@@ -98,6 +98,16 @@ ABSL_FLAG(int64_t, token_window, 64,
 ABSL_FLAG(std::string, temperature, "",
           "Teacher-forced acceptance at T > 0: settings \"T[:top_p[:top_k]]\", comma-separated "
           "(e.g. \"0.6:0.95:20,1.0\"); each reports tau_prob under both verification rules.");
+ABSL_FLAG(std::string, live, "",
+          "The real loop instead of the greedy replay, at a setting \"T[:top_p[:top_k]]\" (\"0\": "
+          "greedy): each prompt through a live verification session on the extractor, the "
+          "drafter drafting on what the target committed. Empty: the replay.");
+ABSL_FLAG(std::string, live_rule, "argmax_draft",
+          "With --live: argmax_draft (the drafter's argmax, q one-hot) or draft_distribution "
+          "(drafts sampled from the drafter's q).");
+ABSL_FLAG(uint64_t, live_seed, 0, "With --live: the seed of prompt 0's draws (prompt i: + i).");
+ABSL_FLAG(int64_t, live_self_check, 2,
+          "With --live at T = 0: prompts also replayed and compared step for step (0: none).");
 // Capacity planning (the report's cost model).
 ABSL_FLAG(double, plan_drafter_cost, 0.1,
           "Capacity plan: one drafter forward, in target decode forwards.");
@@ -258,6 +268,18 @@ absl::StatusOr<ScoreSpec> SpecFromFlags(const std::string& drafter) {
   s.summary.bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
   s.summary.token_window = absl::GetFlag(FLAGS_token_window);
   SW_ASSIGN_OR_RETURN(s.sampling, ParseSamplingSettings(absl::GetFlag(FLAGS_temperature)));
+  if (!absl::GetFlag(FLAGS_live).empty()) {
+    auto live = ParseSamplingSettings(absl::GetFlag(FLAGS_live));
+    if (!live.ok() || live->size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--live: \"", absl::GetFlag(FLAGS_live), "\" is not one T[:top_p[:top_k]] setting"));
+    }
+    s.live.enabled = true;
+    s.live.setting = live->front();
+    s.live.rule = absl::GetFlag(FLAGS_live_rule);
+    s.live.seed = absl::GetFlag(FLAGS_live_seed);
+    s.live.self_check_prompts = absl::GetFlag(FLAGS_live_self_check);
+  }
   return s;
 }
 

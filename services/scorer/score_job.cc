@@ -6,11 +6,48 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/status.h"
+#include "services/scorer/trajectory_fetcher.h"
 
 namespace specwire {
 
 // Trajectories replayed in one lockstep batch at most.
 constexpr int64_t kMaxReplayBatch = 8;
+
+namespace {
+
+// The target's half of a live loop over an extractor session: the drafter's states picked out
+// of each answer (DrafterFeatureStates), in target_layer_ids order.
+class SessionTarget : public LiveTarget {
+ public:
+  SessionTarget(ExtractorSession* session, const DrafterSpec& drafter, int64_t num_layers)
+      : session_(session), drafter_(drafter), num_layers_(num_layers) {}
+
+  absl::StatusOr<Verified> Verify(const std::vector<int64_t>& draft,
+                                  const std::vector<float>& draft_probs) override {
+    SessionVerifyParams p;
+    p.draft_tokens = draft;
+    p.rule = draft_probs.empty() ? SessionRule::kArgmaxDraft : SessionRule::kDraftDistribution;
+    p.draft_probs = draft_probs;
+    SW_ASSIGN_OR_RETURN(SessionVerifyReply r, session_->Verify(p));
+    Verified v;
+    v.accepted = r.accepted;
+    v.next_token = r.next_token;
+    SW_ASSIGN_OR_RETURN(v.states, DrafterFeatureStates(r.states, drafter_.target_layer_ids,
+                                                       num_layers_,
+                                                       drafter_.last_layer_is_final_norm,
+                                                       static_cast<int64_t>(draft.size()) + 1,
+                                                       "session verify answer"));
+    return v;
+  }
+  absl::Status Commit(int64_t accepted) override { return session_->Commit(accepted).status(); }
+
+ private:
+  ExtractorSession* session_;
+  const DrafterSpec& drafter_;
+  int64_t num_layers_;
+};
+
+}  // namespace
 
 ScoreRunner::ScoreRunner(ScorerBackend* backend, ExtractorPool* pool, ScoreRunnerOptions options)
     : backend_(backend), pool_(pool), options_(std::move(options)) {}
@@ -98,16 +135,26 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   if (events.on_start) events.on_start(start);
   Tally tally(start.prompts_total, events);
   tally.ReportProgress();
-  SW_RETURN_IF_ERROR(
-      ReplayTrajectories(spec, trees, target, drafter, prompts, journal.get(), tally, cancelled));
+  LiveSummary live;
+  if (spec.live.enabled) {
+    SW_RETURN_IF_ERROR(LiveScores(spec, target, drafter, prompts, journal.get(), tally, cancelled,
+                                  &live));
+  } else {
+    SW_RETURN_IF_ERROR(
+        ReplayTrajectories(spec, trees, target, drafter, prompts, journal.get(), tally, cancelled));
+  }
 
   // 6. The summary, over the prompts in index order.
   SW_RETURN_IF_ERROR(ValidateAcceptance(tally.results(), drafter.block_size));
   if (events.on_summary) {
     AcceptanceSummary summary = Summarize(tally.results(), drafter.block_size, spec.summary);
-    summary.tree_method = trees.method;
+    summary.tree_method = spec.live.enabled ? "" : trees.method;
     summary.tree_depth = trees.depth;
     summary.tree_top_k = trees.top_k;
+    if (spec.live.enabled) {
+      summary.loop = "live";
+      summary.live = live;
+    }
     events.on_summary(summary);
   }
   return absl::OkStatus();
@@ -214,6 +261,127 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const TreeSe
       tally.Record(score);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ScoreRunner::LiveScores(const ScoreSpec& spec, const ConnectedTarget& target,
+                                     const DrafterSpec& drafter,
+                                     const std::vector<std::vector<int64_t>>& prompts,
+                                     ResultsJournal* journal, Tally& tally,
+                                     const std::atomic<bool>& cancelled, LiveSummary* live) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  if (journal != nullptr) {
+    for (const auto& [i, score] : journal->completed()) {
+      if (i < n) tally.Record(score);
+    }
+  }
+  live->setting = spec.live.setting;
+  live->rule = spec.live.rule;
+  live->seed = spec.live.seed;
+  const int64_t num_layers = target.contract.num_layers;
+  SessionOpenParams open;
+  open.states = DrafterStates(drafter.target_layer_ids, num_layers,
+                              drafter.last_layer_is_final_norm);
+  open.dtype = options_.fetch.wire_dtype;
+  open.max_new_tokens = static_cast<uint32_t>(spec.max_new_tokens);
+  open.max_draft_tokens = static_cast<uint32_t>(std::max(drafter.block_size - 1, 0));
+  open.temperature = spec.live.setting.temperature;
+  open.top_p = spec.live.setting.top_p;
+  open.top_k = static_cast<uint32_t>(std::max(spec.live.setting.top_k, 0));
+  LiveSettings settings;
+  settings.setting = spec.live.setting;
+  settings.rule = spec.live.rule;
+  settings.max_new_tokens = spec.max_new_tokens;
+  // Greedy: the first prompts scored in this run are also replayed (their live trajectories kept).
+  const bool greedy = spec.live.setting.temperature <= 0;
+  std::map<int64_t, PromptScore> checked;
+  int64_t scored = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (journal != nullptr && journal->completed().count(i)) continue;
+    if (cancelled) return absl::CancelledError("request cancelled");
+    ExtractorEndpoint* endpoint = target.endpoints[i % target.endpoints.size()];
+    // Prompt i's session draws from seed + i (the target's) and the drafter's from the same.
+    open.seed = spec.live.seed + static_cast<uint64_t>(i);
+    settings.seed = open.seed;
+    open.prompt = InputSequence::Tokens(prompts[i]);
+    open.request_id = absl::StrCat("score-live-", spec.labels.drafter, "-", i);
+    auto session = endpoint->OpenSession(open);
+    if (!session.ok()) {
+      return Annotate(session.status(), absl::StrCat("prompt ", i, ": opening a session on ",
+                                                     endpoint->address()));
+    }
+    const SessionOpenReply& opened = (*session)->opened();
+    LiveStart start;
+    start.prompt = opened.prompt_token_ids;
+    start.first_token = opened.next_token;
+    std::vector<ReceivedState> prompt_states = opened.states;
+    SW_ASSIGN_OR_RETURN(start.states,
+                        DrafterFeatureStates(prompt_states, drafter.target_layer_ids, num_layers,
+                                             drafter.last_layer_is_final_norm,
+                                             static_cast<int64_t>(start.prompt.size()),
+                                             "session open answer"));
+    settings.stop_token_ids = opened.eos_token_ids;
+    SessionTarget link(session->get(), drafter, num_layers);
+    absl::StatusOr<LiveResult> r = backend_->Live(start, link, settings);
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("prompt ", i, " (live loop)"));
+    SW_RETURN_IF_ERROR(Annotate((*session)->Close(), absl::StrCat("prompt ", i, ": session")));
+    live->verify_calls += r->verify_calls;
+    live->drafted_tokens += r->drafted_tokens;
+    live->accepted_tokens += r->accepted_tokens;
+    live->drafter_seconds += r->drafter_seconds;
+    live->target_seconds += r->target_seconds;
+    PromptScore score;
+    score.prompt_index = i;
+    score.acceptance.step_lengths = r->step_lengths;
+    score.acceptance.prompt_tokens = static_cast<int64_t>(start.prompt.size());
+    score.acceptance.completion_tokens = static_cast<int64_t>(r->completion.size());
+    score.finish_reason = r->finish_reason;
+    score.trajectory = start.prompt;
+    score.trajectory.insert(score.trajectory.end(), r->completion.begin(), r->completion.end());
+    score.trajectory_digest = TrajectoryDigest(score.trajectory);
+    score.tau = MeanStepLength(score.acceptance.step_lengths);
+    if (greedy && scored < spec.live.self_check_prompts) checked[i] = score;
+    ++scored;
+    if (journal != nullptr) SW_RETURN_IF_ERROR(journal->Append(score));
+    tally.Record(score);
+  }
+  if (checked.empty()) return absl::OkStatus();
+
+  // The self-check: the same prompts' Generate trajectories, replayed.
+  TrajectoryRequest request;
+  request.prompts = &prompts;
+  for (const auto& [i, score] : checked) request.todo.push_back(i);
+  request.max_new_tokens = spec.max_new_tokens;
+  request.target_layer_ids = drafter.target_layer_ids;
+  request.num_layers = num_layers;
+  request.last_layer_is_final_norm = drafter.last_layer_is_final_norm;
+  request.request_id_prefix = absl::StrCat("score-selfcheck-", spec.labels.drafter, "-");
+  TrajectoryFetcher fetcher(target.endpoints, std::move(request), options_.fetch, cancelled,
+                            options_.log);
+  TreeSettings no_trees;
+  for (size_t done = 0; done < checked.size();) {
+    if (cancelled) return absl::CancelledError("request cancelled");
+    std::optional<FetchedTrajectory> item = fetcher.Next(std::chrono::milliseconds(50));
+    if (!item) continue;
+    ++done;
+    SW_RETURN_IF_ERROR(item->trajectory.status());
+    SW_ASSIGN_OR_RETURN(ResponseAcceptance replayed,
+                        backend_->Replay(*item->trajectory, no_trees, {}));
+    const PromptScore& mine = checked.at(item->index);
+    ++live->self_check_prompts;
+    if (item->trajectory->tokens == mine.trajectory &&
+        replayed.step_lengths == mine.acceptance.step_lengths) {
+      ++live->self_check_matching;
+    } else {
+      live->self_check_mismatches.push_back(item->index);
+      Log(absl::StrCat("live self-check: prompt ", item->index, " differs from its replay (",
+                       item->trajectory->tokens == mine.trajectory ? "same trajectory, "
+                                                                    : "other trajectory, ",
+                       "τ live ", mine.tau, ", replay ",
+                       MeanStepLength(replayed.step_lengths), ")"));
+    }
+  }
+  std::sort(live->self_check_mismatches.begin(), live->self_check_mismatches.end());
   return absl::OkStatus();
 }
 

@@ -12,7 +12,9 @@
 //   4. EnsureTargetHead (target_head_cache.h): the target's embed_tokens and lm_head;
 //   5. the results journal (results_journal.h) of a resumable job, then per prompt the
 //      extractor's greedy completion plus the features of every position (TrajectoryFetcher,
-//      trajectory_fetcher.h), replayed (DFlash / DDTree-N) on the runner's thread;
+//      trajectory_fetcher.h), replayed (DFlash / DDTree-N) on the runner's thread; or, for a
+//      live job (ScoreSpec::live), the real loop through an extractor session per prompt
+//      (ScorerBackend::Live), with its greedy self-check against the replay;
 //   6. the summary (acceptance.h's Summarize over the prompts in index order).
 #pragma once
 
@@ -104,6 +106,14 @@ class ScoreRunner {
                                   const std::vector<std::vector<int64_t>>& prompts,
                                   ResultsJournal* journal, Tally& tally,
                                   const std::atomic<bool>& cancelled);
+  // A live job (spec.live): each prompt through an extractor session and the drafter's live
+  // loop; with greedy verification, the first live.self_check_prompts prompts are also replayed
+  // on their Generate trajectory and compared step for step (`live` gets the counts).
+  absl::Status LiveScores(const ScoreSpec& spec, const ConnectedTarget& target,
+                          const DrafterSpec& drafter,
+                          const std::vector<std::vector<int64_t>>& prompts,
+                          ResultsJournal* journal, Tally& tally,
+                          const std::atomic<bool>& cancelled, LiveSummary* live);
   void Log(const std::string& line) const;
 
   ScorerBackend* backend_;

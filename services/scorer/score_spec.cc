@@ -98,6 +98,36 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
           absl::StrCat("sampling[", i, "].top_k: ", x.top_k, " is negative"));
     }
   }
+  if (spec.live.enabled) {
+    const SamplingSetting& x = spec.live.setting;
+    if (!std::isfinite(x.temperature) || x.temperature < 0 || x.temperature > 100) {
+      return absl::InvalidArgumentError(absl::StrCat("live.sampling.temperature: ",
+                                                     x.temperature, " is outside [0, 100]"));
+    }
+    if (!(x.top_p > 0 && x.top_p <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("live.sampling.top_p: ", x.top_p, " is outside (0, 1]"));
+    }
+    if (x.top_k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("live.sampling.top_k: ", x.top_k, " is negative"));
+    }
+    if (spec.live.rule != kRuleArgmaxDraft && spec.live.rule != kRuleDraftDistribution) {
+      return absl::InvalidArgumentError(absl::StrCat("live.rule: \"", spec.live.rule,
+                                                     "\" is not \"", kRuleArgmaxDraft,
+                                                     "\" or \"", kRuleDraftDistribution, "\""));
+    }
+    if (spec.live.self_check_prompts < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("live.self_check_prompts: ",
+                                                     spec.live.self_check_prompts,
+                                                     " is negative"));
+    }
+    if (!spec.sampling.empty()) {
+      return absl::InvalidArgumentError(
+          "sampling: teacher-forced acceptance is the replay's; a live job measures the real "
+          "loop at live.sampling (leave sampling empty)");
+    }
+  }
   for (size_t i = 0; i < spec.prompts.size(); ++i) {
     if (spec.prompts[i].is_text &&
         static_cast<int64_t>(spec.prompts[i].text.size()) > o.max_text_bytes) {

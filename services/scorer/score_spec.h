@@ -51,6 +51,14 @@ struct ScoreSpec {
   // TemplateRecord as JSON: {"digest", "source", "flags"}); "": none given. Dataset lines may
   // carry it too ("chat_template").
   std::string chat_template_record;
+  // The real loop through extractor sessions instead of the replay (ScoreRequest.live).
+  struct Live {
+    bool enabled = false;
+    SamplingSetting setting{0, 1, 0};
+    std::string rule = kRuleArgmaxDraft;
+    uint64_t seed = 0;
+    int64_t self_check_prompts = 2;  // greedy only: also replayed, compared step for step
+  } live;
 };
 
 // A template record as canonical JSON ({"digest": .., "flags": {..}}, keys sorted; the source

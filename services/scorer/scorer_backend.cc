@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "services/scorer/drafter.h"
 #include "services/scorer/eagle3_drafter.h"
+#include "services/scorer/live_loop.h"
 #include "services/scorer/replay.h"
 
 namespace specwire {
@@ -152,13 +153,7 @@ class TorchScorerBackend : public ScorerBackend {
   absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
       const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
       const std::vector<SamplingSetting>& sampling) override {
-    if (!drafter_ && !eagle3_) return absl::FailedPreconditionError("no drafter loaded");
-    if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
-    if (!head_on_drafter_) {
-      SW_RETURN_IF_ERROR(drafter_ ? drafter_->SetTargetHead(head_embed_, head_lm_)
-                                  : eagle3_->SetTargetEmbedding(head_embed_));
-      head_on_drafter_ = true;
-    }
+    SW_RETURN_IF_ERROR(AttachHead());
     for (size_t b = 0; b < batch.size(); ++b) {
       absl::Status st = CheckTrajectory(*batch[b], !sampling.empty());
       if (!st.ok()) {
@@ -217,28 +212,72 @@ class TorchScorerBackend : public ScorerBackend {
     return out;
   }
 
+  absl::StatusOr<LiveResult> Live(const LiveStart& start, LiveTarget& target,
+                                  const LiveSettings& settings) override {
+    SW_RETURN_IF_ERROR(AttachHead());
+    SW_RETURN_IF_ERROR(
+        Annotate(CheckStates(start.states, static_cast<int64_t>(start.prompt.size())),
+                 "the session's prompt states"));
+    std::unique_ptr<BlockDrafter> block =
+        drafter_ ? MakeBlockDrafter(drafter_.get())
+                 : MakeBlockDrafter(eagle3_.get(), spec_.block_size);
+    absl::StatusOr<LiveResult> out = absl::InternalError("live loop did not run");
+    SW_RETURN_IF_ERROR(RunGuarded("live loop", [&]() -> absl::Status {
+      out = RunLiveLoop(block.get(), start, target, settings,
+                        [&](const std::vector<FeatureState>& states) {
+                          const absl::Status fits =
+                              CheckStates(states, states.empty() ? 0 : states.front().rows);
+                          TORCH_CHECK(fits.ok(), "verified states: ", fits.message());
+                          std::vector<at::Tensor> parts;
+                          for (const FeatureState& f : states) {
+                            parts.push_back(Borrow(f.bytes, {f.rows, f.hidden}, f.dtype));
+                          }
+                          return at::cat(parts, -1).to(device_, dtype_);
+                        });
+      return absl::OkStatus();
+    }));
+    return out;
+  }
+
  private:
-  // The trajectory's states fit the drafter (and its final-norm state the target's lm_head when
-  // sampling settings are asked for). INVALID_ARGUMENT naming the state.
-  absl::Status CheckTrajectory(const Trajectory& t, bool sampling) const {
+  // The current drafter, with the current head attached (at its first use).
+  absl::Status AttachHead() {
+    if (!drafter_ && !eagle3_) return absl::FailedPreconditionError("no drafter loaded");
+    if (!head_embed_.defined()) return absl::FailedPreconditionError("no target head set");
+    if (!head_on_drafter_) {
+      SW_RETURN_IF_ERROR(drafter_ ? drafter_->SetTargetHead(head_embed_, head_lm_)
+                                  : eagle3_->SetTargetEmbedding(head_embed_));
+      head_on_drafter_ = true;
+    }
+    return absl::OkStatus();
+  }
+
+  // One state per drafter target layer, each [rows, target hidden] in its bytes.
+  absl::Status CheckStates(const std::vector<FeatureState>& states, int64_t rows) const {
     const size_t layers = spec_.target_layer_ids.size();
     const int64_t width = spec_.target_hidden_size;
     if (layers == 0) return absl::FailedPreconditionError("the drafter's target layers are not resolved");
-    if (t.states.size() != layers) {
-      return absl::InvalidArgumentError(absl::StrCat("trajectory has ", t.states.size(),
+    if (states.size() != layers) {
+      return absl::InvalidArgumentError(absl::StrCat("trajectory has ", states.size(),
                                                      " states, the drafter uses ", layers));
     }
-    const int64_t T = static_cast<int64_t>(t.tokens.size());
-    for (size_t i = 0; i < t.states.size(); ++i) {
-      const FeatureState& s = t.states[i];
-      if (s.rows != T || s.hidden != width ||
+    for (const FeatureState& s : states) {
+      if (s.rows != rows || s.hidden != width ||
           static_cast<int64_t>(s.bytes.size()) !=
               s.rows * s.hidden * static_cast<int64_t>(DTypeSize(s.dtype))) {
         return absl::InvalidArgumentError(absl::StrCat(
             "state of target layer ", s.layer_id, " is [", s.rows, ", ", s.hidden, "] (",
-            s.bytes.size(), " bytes), expected [", T, ", ", width, "]"));
+            s.bytes.size(), " bytes), expected [", rows, ", ", width, "]"));
       }
     }
+    return absl::OkStatus();
+  }
+
+  // The trajectory's states fit the drafter (and its final-norm state the target's lm_head when
+  // sampling settings are asked for). INVALID_ARGUMENT naming the state.
+  absl::Status CheckTrajectory(const Trajectory& t, bool sampling) const {
+    const int64_t T = static_cast<int64_t>(t.tokens.size());
+    SW_RETURN_IF_ERROR(CheckStates(t.states, T));
     if (sampling) {
       if (!t.final_norm) {
         return absl::InvalidArgumentError("trajectory lacks the final-norm state the sampling "

@@ -81,6 +81,54 @@ struct TargetHead {
   HeldTensor lm_head;       // [V, H]
 };
 
+// The target's half of a live loop: one open verification session (the extractor's Session
+// method through the client; fakes in tests). States come in target_layer_ids order, one
+// FeatureState per id, over the rows the verification ran.
+class LiveTarget {
+ public:
+  virtual ~LiveTarget() = default;
+  struct Verified {
+    int32_t accepted = 0;     // drafted tokens accepted
+    int64_t next_token = -1;  // the correction or the bonus token
+    std::vector<FeatureState> states;
+  };
+  // draft_probs: [k, V] row-major for the draft_distribution rule; empty: the argmax rule.
+  virtual absl::StatusOr<Verified> Verify(const std::vector<int64_t>& draft,
+                                          const std::vector<float>& draft_probs) = 0;
+  virtual absl::Status Commit(int64_t accepted) = 0;
+};
+
+// How the live loop drafts and verifies.
+struct LiveSettings {
+  SamplingSetting setting{0, 1, 0};  // the target's (and the drafter's q) sampling; 0: greedy
+  // kRuleArgmaxDraft: the drafter's argmax, verified with q one-hot (vLLM's rule for DFlash);
+  // kRuleDraftDistribution: drafts sampled from the drafter's own q at the setting.
+  std::string rule = kRuleArgmaxDraft;
+  uint64_t seed = 0;  // the drafter's draws (the target's come from the session's seed)
+  int64_t max_new_tokens = 256;
+  std::vector<int64_t> stop_token_ids;
+};
+
+// Where a live loop starts: the session as opened.
+struct LiveStart {
+  std::vector<int64_t> prompt;
+  int64_t first_token = -1;          // the pending token the session drew
+  std::vector<FeatureState> states;  // the prompt's rows, target_layer_ids order
+};
+
+struct LiveResult {
+  std::vector<int64_t> completion;  // through the first stop token, at most max_new_tokens
+  std::string finish_reason;        // "stop_token" | "max_new_tokens"
+  // Per step, the committed length a + 1, cut at the completion's end as the replay cuts them
+  // (replay.h): for greedy verification, equal to the replay of the same trajectory.
+  std::vector<int32_t> step_lengths;
+  int64_t verify_calls = 0;
+  int64_t drafted_tokens = 0;
+  int64_t accepted_tokens = 0;
+  double drafter_seconds = 0;
+  double target_seconds = 0;  // in the target's calls (verify + commit), round trips included
+};
+
 // The drafter side of the scorer. Implementations run on the scorer's worker thread; calls never
 // overlap on one instance.
 class ScorerBackend {
@@ -112,6 +160,16 @@ class ScorerBackend {
   // The same for several trajectories at once: result i is Replay(*batch[i], ...), step for
   // step; the torch backend replays them in lockstep (one drafter forward for all their
   // blocks). The default replays them one by one.
+  // The real loop on a live target session: draft with the current drafter (its chain; no
+  // trees yet), verify on the target, commit the accepted drafts, continue from what was
+  // accepted, until a stop token or max_new_tokens.
+  virtual absl::StatusOr<LiveResult> Live(const LiveStart& start, LiveTarget& target,
+                                          const LiveSettings& settings) {
+    (void)start;
+    (void)target;
+    (void)settings;
+    return absl::UnimplementedError("this scorer backend has no live loop");
+  }
   virtual absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
       const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
       const std::vector<SamplingSetting>& sampling) {

@@ -25,6 +25,44 @@ RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layer
   return s;
 }
 
+absl::StatusOr<std::vector<FeatureState>> DrafterFeatureStates(
+    std::vector<ReceivedState>& received, const std::vector<int64_t>& ids, int64_t num_layers,
+    bool last_layer_is_final_norm, int64_t rows, const std::string& what) {
+  std::map<std::string, ReceivedState*> by_name;
+  for (ReceivedState& s : received) by_name[s.state] = &s;
+  std::set<std::string> moved;
+  std::vector<FeatureState> out;
+  for (int64_t id : ids) {
+    const std::string name = id == num_layers - 1 && last_layer_is_final_norm
+                                 ? "final_norm"
+                                 : absl::StrCat("layer.", id);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return absl::DataLossError(
+          absl::StrCat(what, " lacks the state ", name, " (for target layer ", id, ")"));
+    }
+    ReceivedState& s = *it->second;
+    FeatureState f;
+    f.layer_id = id;
+    f.dtype = s.dtype;
+    f.rows = s.rows;
+    f.hidden = s.hidden;
+    if (moved.insert(name).second) {
+      f.bytes = std::move(s.bytes);
+    } else {
+      for (const FeatureState& prev : out) {
+        if (prev.layer_id == id) f.bytes = prev.bytes;
+      }
+    }
+    if (f.rows != rows) {
+      return absl::DataLossError(
+          absl::StrCat("state ", name, " has ", f.rows, " rows for ", rows, " tokens"));
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
                                                const std::vector<int64_t>& ids, int64_t num_layers,
                                                int64_t max_new_tokens, bool final_norm,
@@ -39,37 +77,16 @@ absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
   t.tokens.insert(t.tokens.end(), c.completion_token_ids.begin(), c.completion_token_ids.end());
   t.prompt_len = static_cast<int64_t>(c.prompt_token_ids.size());
   t.max_length = t.prompt_len + max_new_tokens;
+  SW_ASSIGN_OR_RETURN(t.states,
+                      DrafterFeatureStates(reply.states, ids, num_layers,
+                                           last_layer_is_final_norm,
+                                           static_cast<int64_t>(t.tokens.size()),
+                                           "Generate reply"));
   std::map<std::string, ReceivedState*> by_name;
   for (ReceivedState& s : reply.states) by_name[s.state] = &s;
   std::set<std::string> moved;
   for (int64_t id : ids) {
-    const std::string name = id == num_layers - 1 && last_layer_is_final_norm
-                                 ? "final_norm"
-                                 : absl::StrCat("layer.", id);
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      return absl::DataLossError(
-          absl::StrCat("Generate reply lacks the state ", name, " (for target layer ", id, ")"));
-    }
-    ReceivedState& s = *it->second;
-    FeatureState f;
-    f.layer_id = id;
-    f.dtype = s.dtype;
-    f.rows = s.rows;
-    f.hidden = s.hidden;
-    // A layer listed twice in target_layer_ids keeps a copy for its second use.
-    if (moved.insert(name).second) {
-      f.bytes = std::move(s.bytes);
-    } else {
-      for (const FeatureState& prev : t.states) {
-        if (prev.layer_id == id) f.bytes = prev.bytes;
-      }
-    }
-    if (f.rows != static_cast<int64_t>(t.tokens.size())) {
-      return absl::DataLossError(
-          absl::StrCat("state ", name, " has ", f.rows, " rows for ", t.tokens.size(), " tokens"));
-    }
-    t.states.push_back(std::move(f));
+    if (id == num_layers - 1 && last_layer_is_final_norm) moved.insert("final_norm");
   }
   if (final_norm) {
     auto it = by_name.find("final_norm");

@@ -28,6 +28,13 @@ namespace specwire {
 // drafters (last_layer_is_final_norm false) read that raw output.
 RequestedStates DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers,
                               bool last_layer_is_final_norm = true);
+// The states of target_layer_ids, in that order (moved out of `received`; a layer listed twice
+// is copied for its second use), each of `rows` rows: DATA_LOSS naming a missing state or a
+// wrong row count. `what` names the reply in messages ("Generate reply").
+absl::StatusOr<std::vector<FeatureState>> DrafterFeatureStates(
+    std::vector<ReceivedState>& received, const std::vector<int64_t>& target_layer_ids,
+    int64_t num_layers, bool last_layer_is_final_norm, int64_t rows, const std::string& what);
+
 // The trajectory of one Generate reply (one prompt): tokens, prompt length, and the states in
 // target_layer_ids order (moved out of `reply`); with `final_norm`, also the final-norm state.
 absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
