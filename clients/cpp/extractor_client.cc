@@ -671,6 +671,7 @@ absl::StatusOr<SessionVerifyReply> ExtractorSession::Verify(const SessionVerifyP
     v->set_draft_probs(params.draft_probs.data(), params.draft_probs.size() * sizeof(float));
   }
   v->mutable_parents()->Add(params.parents.begin(), params.parents.end());
+  v->set_commit_accepted(params.commit_accepted);
   v1::SessionResponse answer;
   SessionVerifyReply out;
   SW_RETURN_IF_ERROR(stream_->Call(req, &answer, &out.states));
@@ -683,6 +684,10 @@ absl::StatusOr<SessionVerifyReply> ExtractorSession::Verify(const SessionVerifyP
   out.next_token = a.next_token();
   out.target_argmax = TokenIdsFromProto(a.target_argmax());
   out.rule = a.rule();
+  if (a.has_committed()) {
+    out.committed = SessionCommitReply{a.committed().tokens(), a.committed().next_token(),
+                                       a.committed().rollback_tokens()};
+  }
   return out;
 }
 

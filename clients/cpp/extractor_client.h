@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -205,6 +206,13 @@ struct SessionVerifyParams {
   SessionRule rule = SessionRule::kArgmaxDraft;
   std::vector<float> draft_probs;  // [k, vocab] for kDraftDistribution
   std::vector<int32_t> parents;    // a tree; empty: a chain
+  bool commit_accepted = false;    // commit every accepted draft in the same call
+};
+
+struct SessionCommitReply {
+  int64_t tokens = 0;
+  int64_t next_token = -1;
+  int64_t rollback_tokens = 0;
 };
 
 struct SessionVerifyReply {
@@ -216,12 +224,7 @@ struct SessionVerifyReply {
   std::vector<int64_t> target_argmax;
   std::string rule;
   std::vector<ReceivedState> states;  // the rows verification ran
-};
-
-struct SessionCommitReply {
-  int64_t tokens = 0;
-  int64_t next_token = -1;
-  int64_t rollback_tokens = 0;
+  std::optional<SessionCommitReply> committed;  // with commit_accepted
 };
 
 // One open session: its calls in order from one thread. A refused verify or commit returns the

@@ -219,13 +219,25 @@ absl::StatusOr<VerifyOutcome> TargetSession::VerifyChainBlock(const VerifyDraft&
       model_.Forward(Ids(o.rows), cache_.get(), options_.capture, &out.states, LogitsMode::kAll)
           .select(0, 0);  // [k + 1, V]
   const int64_t rows = logits.size(0);
-  std::vector<at::Tensor> p;
-  for (int64_t i = 0; i < rows; ++i)
-    p.push_back(SamplingDistribution(logits[i], options_.sampling));
-  const ChainVerification v = VerifyChain(at::stack(p), draft.tokens, draft.draft_q, draft.rule,
-                                          options_.seed, BlockStream(o.start));
   at::Tensor argmax = logits.argmax(-1).to(at::kCPU).contiguous();
   out.target_argmax.assign(argmax.data_ptr<int64_t>(), argmax.data_ptr<int64_t>() + rows);
+  ChainVerification v;
+  if (options_.sampling.temperature <= 0) {
+    // Greedy: p is one-hot at the argmax (first index on ties, as SamplingDistribution), so
+    // every rule accepts the drafts equal to it and emits the argmax after them.
+    while (v.accepted < static_cast<int32_t>(draft.tokens.size()) &&
+           draft.tokens[v.accepted] == out.target_argmax[v.accepted]) {
+      ++v.accepted;
+    }
+    v.next_token = out.target_argmax[v.accepted];
+  } else {
+    std::vector<at::Tensor> p;
+    for (int64_t i = 0; i < rows; ++i) {
+      p.push_back(SamplingDistribution(logits[i], options_.sampling));
+    }
+    v = VerifyChain(at::stack(p), draft.tokens, draft.draft_q, draft.rule, options_.seed,
+                    BlockStream(o.start));
+  }
   out.accepted = v.accepted;
   out.accepted_tokens.assign(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
   out.next_token = v.next_token;

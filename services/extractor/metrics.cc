@@ -69,7 +69,22 @@ ExtractorMetrics::ExtractorMetrics()
                                 .Help("Cache bytes the admitted generation sequences reserve "
                                       "(of --kv_cache_bytes)")
                                 .Register(*registry_)
-                                .Add({})) {}
+                                .Add({})),
+      session_calls_(prometheus::BuildCounter()
+                         .Name("specwire_extractor_session_calls_total")
+                         .Help("Finished live-session calls by call (open, verify, commit) and "
+                               "outcome (ok, refused)")
+                         .Register(*registry_)),
+      open_sessions_(prometheus::BuildGauge()
+                         .Name("specwire_extractor_open_sessions")
+                         .Help("Live verification sessions open (of --max_sessions)")
+                         .Register(*registry_)
+                         .Add({})),
+      session_tokens_(prometheus::BuildCounter()
+                          .Name("specwire_extractor_session_tokens_total")
+                          .Help("Live-session tokens by kind: drafted (sent for verification), "
+                                "accepted, rollback (run again to restore a partial commit)")
+                          .Register(*registry_)) {}
 
 void ExtractorMetrics::DecodeStep(int sequences) {
   decode_sequences_.Observe(static_cast<double>(sequences));
@@ -97,5 +112,17 @@ void ExtractorMetrics::QueueWait(double seconds) { queue_wait_.Observe(seconds);
 void ExtractorMetrics::SetQueueDepth(int64_t n) { queue_depth_.Set(static_cast<double>(n)); }
 void ExtractorMetrics::StreamOpened() { active_streams_.Increment(); }
 void ExtractorMetrics::StreamClosed() { active_streams_.Decrement(); }
+
+void ExtractorMetrics::SessionCall(const std::string& call, const std::string& outcome) {
+  session_calls_.Add({{"call", call}, {"outcome", outcome}}).Increment();
+}
+
+void ExtractorMetrics::SetOpenSessions(int64_t n) { open_sessions_.Set(static_cast<double>(n)); }
+
+void ExtractorMetrics::SessionTokens(int64_t drafted, int64_t accepted, int64_t rollback) {
+  session_tokens_.Add({{"kind", "drafted"}}).Increment(static_cast<double>(drafted));
+  session_tokens_.Add({{"kind", "accepted"}}).Increment(static_cast<double>(accepted));
+  session_tokens_.Add({{"kind", "rollback"}}).Increment(static_cast<double>(rollback));
+}
 
 }  // namespace specwire

@@ -29,6 +29,12 @@ class ExtractorMetrics {
   void DecodeStep(int sequences);
   void StreamOpened();
   void StreamClosed();
+  // Live verification sessions: one finished call ("open" | "verify" | "commit"; "ok" |
+  // "refused"), the sessions open now, and what the verifications drafted, accepted and ran
+  // again for rollbacks.
+  void SessionCall(const std::string& call, const std::string& outcome);
+  void SetOpenSessions(int64_t n);
+  void SessionTokens(int64_t drafted, int64_t accepted, int64_t rollback);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -44,6 +50,9 @@ class ExtractorMetrics {
   prometheus::Gauge& running_sequences_;
   prometheus::Histogram& decode_sequences_;
   prometheus::Gauge& cache_reserved_bytes_;
+  prometheus::Family<prometheus::Counter>& session_calls_;
+  prometheus::Gauge& open_sessions_;
+  prometheus::Family<prometheus::Counter>& session_tokens_;
 };
 
 }  // namespace specwire

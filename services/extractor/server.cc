@@ -230,7 +230,7 @@ ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* schedul
       idle_watchdog_(
           std::chrono::milliseconds(static_cast<int64_t>(limits.stream_idle_seconds * 1000)),
           "--stream_idle_seconds"),
-      sessions_(backend, scheduler,
+      sessions_(backend, scheduler, metrics,
                 SessionLimits{limits.max_sessions, limits.max_session_tokens,
                               /*max_draft_tokens=*/64, limits.session_idle_seconds,
                               limits.default_chunk_bytes, limits.max_chunk_bytes},

@@ -27,6 +27,12 @@ void AppendChunks(const std::vector<HostState>& states, int64_t chunk_bytes,
   }
 }
 
+void CommittedToProto(const CommitOutput& c, v1::SessionCommitted* out) {
+  out->set_tokens(static_cast<uint32_t>(c.tokens));
+  out->set_next_token(static_cast<int32_t>(c.next_token));
+  out->set_rollback_tokens(static_cast<uint32_t>(c.rollback_tokens));
+}
+
 int64_t StateRows(const std::vector<HostState>& states) {
   return states.empty() ? 0 : states.front().rows;
 }
@@ -160,6 +166,7 @@ class SessionService::Reactor final
         return Submit([this, work = std::move(work)]() {
           SessionOpenOutput opened;
           auto s = service_->backend_->OpenSession(work, &opened);
+          service_->metrics_->SessionCall("open", s.ok() ? "ok" : "refused");
           if (!s.ok()) return s.status();
           session_ = std::shared_ptr<LiveSession>(std::move(*s));
           AppendChunks(opened.states, chunk_bytes_, out_);
@@ -180,6 +187,7 @@ class SessionService::Reactor final
         VerifyWork work;
         work.tokens = TokenIdsFromProto(v.draft_tokens());
         work.parents.assign(v.parents().begin(), v.parents().end());
+        work.commit_accepted = v.commit_accepted();
         if (v.rule() == v1::RULE_DRAFT_DISTRIBUTION) {
           work.rule = DraftRule::kDraftDistribution;
         } else if (v.rule() != v1::RULE_ARGMAX_DRAFT) {
@@ -201,6 +209,11 @@ class SessionService::Reactor final
                                                                               : "argmax_draft";
         return Submit([this, work = std::move(work), rule]() {
           auto r = session_->Verify(work);
+          service_->metrics_->SessionCall("verify", r.ok() ? "ok" : "refused");
+          if (r.ok()) {
+            service_->metrics_->SessionTokens(static_cast<int64_t>(work.tokens.size()), r->accepted,
+                                              r->committed ? r->committed->rollback_tokens : 0);
+          }
           if (!r.ok()) {
             RefuseLocked(r.status());
             return absl::OkStatus();
@@ -215,6 +228,7 @@ class SessionService::Reactor final
           TokenIdsToProto(r->target_argmax, o->mutable_target_argmax());
           o->set_rule(rule);
           o->set_state_rows(static_cast<uint32_t>(StateRows(r->states)));
+          if (r->committed) CommittedToProto(*r->committed, o->mutable_committed());
           return absl::OkStatus();
         });
       }
@@ -223,14 +237,13 @@ class SessionService::Reactor final
         const int64_t n = request_.commit().accepted();
         return Submit([this, n]() {
           auto r = session_->Commit(n);
+          service_->metrics_->SessionCall("commit", r.ok() ? "ok" : "refused");
+          if (r.ok()) service_->metrics_->SessionTokens(0, 0, r->rollback_tokens);
           if (!r.ok()) {
             RefuseLocked(r.status());
             return absl::OkStatus();
           }
-          v1::SessionCommitted* o = out_.emplace_back().mutable_committed();
-          o->set_tokens(static_cast<uint32_t>(r->tokens));
-          o->set_next_token(static_cast<int32_t>(r->next_token));
-          o->set_rollback_tokens(static_cast<uint32_t>(r->rollback_tokens));
+          CommittedToProto(*r, out_.emplace_back().mutable_committed());
           return absl::OkStatus();
         });
       }
@@ -293,9 +306,11 @@ class SessionService::Reactor final
 };
 
 SessionService::SessionService(ExtractorBackend* backend, Scheduler* scheduler,
-                               SessionLimits limits, OpenValidator validate_open)
+                               ExtractorMetrics* metrics, SessionLimits limits,
+                               OpenValidator validate_open)
     : backend_(backend),
       scheduler_(scheduler),
+      metrics_(metrics),
       limits_(limits),
       validate_open_(std::move(validate_open)),
       idle_thread_([this] { IdleLoop(); }) {}
@@ -319,9 +334,9 @@ absl::Status SessionService::Acquire() {
     open_sessions_.fetch_sub(1);
     return absl::ResourceExhaustedError(
         absl::StrCat("open: ", limits_.max_sessions,
-                     " sessions are open, the limit (--max_sessions); retry "
-                     "later"));
+                     " sessions are open, the limit (--max_sessions); retry later"));
   }
+  metrics_->SetOpenSessions(open_sessions_.load());
   return absl::OkStatus();
 }
 

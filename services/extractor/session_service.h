@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
+#include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/work.h"
 
@@ -39,8 +40,8 @@ class SessionService {
   using OpenValidator = std::function<absl::StatusOr<SessionWork>(const v1::SessionOpen&)>;
 
   // Everything passed in must outlive the service.
-  SessionService(ExtractorBackend* backend, Scheduler* scheduler, SessionLimits limits,
-                 OpenValidator validate_open);
+  SessionService(ExtractorBackend* backend, Scheduler* scheduler, ExtractorMetrics* metrics,
+                 SessionLimits limits, OpenValidator validate_open);
   ~SessionService();  // stops the idle check
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Start(
@@ -54,13 +55,14 @@ class SessionService {
   friend class Reactor;
   // A session slot: RESOURCE_EXHAUSTED naming --max_sessions when none is free.
   absl::Status Acquire();
-  void Release() { open_sessions_.fetch_sub(1); }
+  void Release() { metrics_->SetOpenSessions(open_sessions_.fetch_sub(1) - 1); }
   void Register(Reactor* r);
   void Unregister(Reactor* r);
   void IdleLoop();
 
   ExtractorBackend* backend_;
   Scheduler* scheduler_;
+  ExtractorMetrics* metrics_;
   SessionLimits limits_;
   OpenValidator validate_open_;
   std::atomic<int64_t> open_sessions_{0};

@@ -124,6 +124,9 @@ class TorchLiveSession final : public LiveSession {
       out.states = SessionStates(v.states, selection_, num_layers_, dtype_);
       return absl::OkStatus();
     }));
+    if (work.commit_accepted) {
+      SW_ASSIGN_OR_RETURN(out.committed, Commit(out.accepted));
+    }
     return out;
   }
 

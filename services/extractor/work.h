@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -111,12 +112,19 @@ struct VerifyWork {
   std::vector<int32_t> parents;  // empty: a chain
   DraftRule rule = DraftRule::kArgmaxDraft;
   std::vector<float> draft_probs;  // [k, vocab] row-major for kDraftDistribution
+  bool commit_accepted = false;    // commit every accepted draft in the same call
 };
 
 struct SessionOpenOutput {
   int64_t next_token = -1;  // the pending token
   int64_t capacity = 0;
   std::vector<HostState> states;  // the prompt's rows
+};
+
+struct CommitOutput {
+  int64_t tokens = 0;  // prompt + committed completion
+  int64_t next_token = -1;
+  int64_t rollback_tokens = 0;
 };
 
 struct VerifyOutput {
@@ -127,12 +135,7 @@ struct VerifyOutput {
   int64_t next_token = -1;
   std::vector<int64_t> target_argmax;
   std::vector<HostState> states;  // the rows verification ran
-};
-
-struct CommitOutput {
-  int64_t tokens = 0;  // prompt + committed completion
-  int64_t next_token = -1;
-  int64_t rollback_tokens = 0;
+  std::optional<CommitOutput> committed;  // with VerifyWork::commit_accepted
 };
 
 // One session's state in the backend. Calls run on the service's worker thread, one at a time.

@@ -67,15 +67,14 @@ absl::StatusOr<LiveResult> RunLiveLoop(
     }
     out.drafter_seconds += Since(t0);
     t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<LiveTarget::Verified> v = target.Verify(draft, probs);
+    // One call per step: every accepted draft is committed with the verification.
+    absl::StatusOr<LiveTarget::Verified> v = target.Verify(draft, probs, /*commit_accepted=*/true);
     if (!v.ok()) return Annotate(v.status(), absl::StrCat("verify at position ", pos));
     const int64_t a = v->accepted;
     if (a < 0 || a > static_cast<int64_t>(draft.size())) {
       return absl::DataLossError(absl::StrCat("verify at position ", pos, ": ", a, " accepted of ",
                                               draft.size(), " drafts"));
     }
-    absl::Status c = target.Commit(a);
-    if (!c.ok()) return Annotate(c, absl::StrCat("commit at position ", pos));
     out.target_seconds += Since(t0);
     ++out.verify_calls;
     out.drafted_tokens += static_cast<int64_t>(draft.size());

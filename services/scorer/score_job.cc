@@ -23,8 +23,10 @@ class SessionTarget : public LiveTarget {
       : session_(session), drafter_(drafter), num_layers_(num_layers) {}
 
   absl::StatusOr<Verified> Verify(const std::vector<int64_t>& draft,
-                                  const std::vector<float>& draft_probs) override {
+                                  const std::vector<float>& draft_probs,
+                                  bool commit_accepted) override {
     SessionVerifyParams p;
+    p.commit_accepted = commit_accepted;
     p.draft_tokens = draft;
     p.rule = draft_probs.empty() ? SessionRule::kArgmaxDraft : SessionRule::kDraftDistribution;
     p.draft_probs = draft_probs;

@@ -93,8 +93,10 @@ class LiveTarget {
     std::vector<FeatureState> states;
   };
   // draft_probs: [k, V] row-major for the draft_distribution rule; empty: the argmax rule.
+  // commit_accepted: the accepted drafts are committed by the same call (no Commit after it).
   virtual absl::StatusOr<Verified> Verify(const std::vector<int64_t>& draft,
-                                          const std::vector<float>& draft_probs) = 0;
+                                          const std::vector<float>& draft_probs,
+                                          bool commit_accepted) = 0;
   virtual absl::Status Commit(int64_t accepted) = 0;
 };
 
@@ -126,7 +128,7 @@ struct LiveResult {
   int64_t drafted_tokens = 0;
   int64_t accepted_tokens = 0;
   double drafter_seconds = 0;
-  double target_seconds = 0;  // in the target's calls (verify + commit), round trips included
+  double target_seconds = 0;  // in the target's calls, round trips included
 };
 
 // The drafter side of the scorer. Implementations run on the scorer's worker thread; calls never

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import hybrid_fixtures as H  # noqa: E402  (tests/parity, on sys.path via extractor_harness)
+from extractor_harness import metric_sum, wait_for_metric
 from specwire_client import ExtractorClient, ExtractorError
 
 VOCAB = 512
@@ -194,6 +195,13 @@ def test_refused_calls_name_their_field_and_change_nothing(servers):
             b.commit(v.accepted)
         v = b.verify([])  # one more token still fits, or the refusal above was the last word
         b.commit(v.accepted)
+    metrics = server.metrics()
+    assert metric_sum(metrics, "specwire_extractor_session_calls_total", call="verify",
+                      outcome="refused") >= 4 * 6 + 1
+    assert metric_sum(metrics, "specwire_extractor_session_calls_total", call="commit",
+                      outcome="refused") >= 4 * 2
+    assert metric_sum(metrics, "specwire_extractor_session_tokens_total", kind="drafted") > 0
+    wait_for_metric(server, "specwire_extractor_open_sessions", 0, 10)
 
 
 def test_bad_opens_end_the_stream_with_the_field(servers):
@@ -266,4 +274,5 @@ def test_bounds_free_sessions_whenever_their_stream_ends(server_factory, checkpo
         expect_refused(lambda: c.session([1] * 20, [], max_new_tokens=40, max_draft_tokens=4),
                        grpc.StatusCode.INVALID_ARGUMENT, "--max_session_tokens")
         h.close()
+    wait_for_metric(server, "specwire_extractor_open_sessions", 0, 10)
     assert server.crashed() is None

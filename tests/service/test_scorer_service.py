@@ -448,6 +448,44 @@ def test_summary_carries_intervals_windows_and_temperature(scorer, pair, first_j
     assert all(d.startswith("xxh3-128:") for d in digests) and len(set(digests)) == len(digests)
 
 
+def test_live_jobs_through_the_scorer(scorer, pair, first_job):
+    """ScoreRequest.live: greedy live results equal the replay's prompt by prompt and the
+    scorer's self-check says so; a sampled live job reports its setting and rule."""
+    msgs = run_score(scorer, score_request(pair, live=spb.LiveLoop(self_check_prompts=100)))
+    results = {m.result.prompt_index: m.result for m in msgs if m.HasField("result")}
+    s = msgs[-1].summary
+    assert s.loop == "live" and s.live.rule == "argmax_draft"
+    for i, ref in first_job["results"].items():
+        assert list(results[i].step_lengths) == list(ref.step_lengths), f"prompt {i}"
+        assert results[i].trajectory_digest == ref.trajectory_digest
+    assert not results[0].ddtree_step_lengths  # the live loop grows no trees
+    assert s.live.self_check_prompts == len(results) == s.live.self_check_matching
+    assert s.tau_mean_of_means == first_job["summary"].tau_mean_of_means
+    sampled = run_score(scorer, score_request(pair, live=spb.LiveLoop(
+        sampling=spb.SamplingSetting(temperature=0.9, top_k=50), rule="draft_distribution",
+        seed=3)))[-1].summary
+    assert sampled.loop == "live" and sampled.live.rule == "draft_distribution"
+    assert sampled.live.sampling.temperature == 0.9 and sampled.live.seed == 3
+    assert sampled.live.self_check_prompts == 0 and sampled.live.verify_calls >= sampled.steps
+    assert 1 <= sampled.tau_mean_of_means <= BLOCK
+
+
+@pytest.mark.parametrize("field,kw", [
+    ("live.rule", dict(live=spb.LiveLoop(rule="greedy"))),
+    ("live.sampling.temperature", dict(live=spb.LiveLoop(
+        sampling=spb.SamplingSetting(temperature=-2)))),
+    ("live.sampling.top_p", dict(live=spb.LiveLoop(
+        sampling=spb.SamplingSetting(temperature=1, top_p=3)))),
+    ("sampling: teacher-forced", dict(live=spb.LiveLoop(),
+                                      sampling=[spb.SamplingSetting(temperature=1)])),
+])
+def test_bad_live_settings_are_refused(scorer, pair, field, kw):
+    with pytest.raises(grpc.RpcError) as info:
+        run_score(scorer, score_request(pair, **kw))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in info.value.details()
+
+
 @pytest.mark.parametrize("field,kw", [
     ("bootstrap_resamples", dict(bootstrap_resamples=200001)),
     ("sampling[0].temperature", dict(sampling=[spb.SamplingSetting(temperature=-1)])),

@@ -38,6 +38,7 @@ class Verified:
     target_argmax: list[int]     # the target's argmax after each row verification ran
     rule: str
     states: dict[str, torch.Tensor]  # [rows, hidden] of the rows verification ran
+    committed: "Committed | None" = None  # with verify(..., commit=True)
 
 
 @dataclasses.dataclass
@@ -85,18 +86,25 @@ class LiveSession:
     # --- calls -------------------------------------------------------------------------------
 
     def verify(self, draft_tokens: Sequence[int], *, rule: str = "argmax_draft",
-               draft_probs: Any = None, parents: Sequence[int] | None = None) -> Verified:
+               draft_probs: Any = None, parents: Sequence[int] | None = None,
+               commit: bool = False) -> Verified:
+        """commit=True commits every accepted draft in the same call (no commit() after it)."""
         if rule not in _RULES:
             raise ValueError(f"rule: {rule!r} is not one of {sorted(_RULES)}")
         msg = pb.SessionVerify(draft_tokens=[int(t) for t in draft_tokens], rule=_RULES[rule],
-                               parents=list(parents or ()))
+                               parents=list(parents or ()), commit_accepted=commit)
         if draft_probs is not None:
             q = torch.as_tensor(draft_probs, dtype=torch.float32).contiguous()
             msg.draft_probs = np.ascontiguousarray(q.numpy(), dtype="<f4").tobytes()
         answer, states = self._exchange(pb.SessionRequest(verify=msg), "verified")
         v = answer.verified
+        committed = None
+        if v.HasField("committed"):
+            c = v.committed
+            committed = Committed(c.tokens, c.next_token, c.rollback_tokens)
+            self.next_token = c.next_token
         return Verified(v.position, v.accepted, list(v.accepted_tokens), list(v.path),
-                        v.next_token, list(v.target_argmax), v.rule, states)
+                        v.next_token, list(v.target_argmax), v.rule, states, committed)
 
     def commit(self, accepted: int) -> Committed:
         if accepted < 0:
