@@ -59,16 +59,33 @@ def test_greedy_drafts_of_the_completion_reproduce_generate(servers, target, com
             want = c.generate([prompt], 30, ignore_model_eos=True)[0].completion_ids
             with c.session(prompt, LAYERS, dtype="fp32", max_new_tokens=40,
                            max_draft_tokens=7) as s:
-                assert s.prompt_states["layer.0"].shape == (len(prompt), 32) or \
-                    s.prompt_states["layer.0"].shape[0] == len(prompt)
+                assert s.prompt_states["layer.0"].shape[0] == len(prompt)
                 got = [s.next_token]
+                step = 0
                 while len(got) < 30:
                     k = min(g.randint(0, 7), 30 - len(got))
-                    v = s.verify(want[len(got):len(got) + k])
+                    truth = want[len(got):len(got) + k]
+                    step += 1
+                    if step % 3 == 2 and k:
+                        # A tree: a wrong sibling before each right node (nodes count as drafts).
+                        k = min(k, 3)
+                        truth = truth[:k]
+                        tokens, parents = [], []
+                        for t in truth:
+                            parent = len(tokens) - 1 if tokens else -1
+                            tokens += [(t + 1) % VOCAB, t]
+                            parents += [parent, parent]
+                        v = s.verify(tokens, parents=parents)
+                        assert v.rule == "tree" and v.path == [2 * i + 1 for i in range(k)]
+                    else:
+                        v = s.verify(truth, commit=step % 3 == 0)
+                        assert v.rule == "argmax_draft"
                     assert v.accepted == k, f"case {case}: the completion's drafts were refused"
-                    assert v.rule == "argmax_draft"
+                    assert v.accepted_tokens == truth
                     assert v.states["layer.2"].shape[0] == k + 1
-                    s.commit(v.accepted)
+                    if v.committed is None:
+                        s.commit(v.accepted)
+                    assert s.next_token == v.next_token
                     got += v.accepted_tokens + [v.next_token]
                 assert got[:30] == want, f"{target} {compute} case {case}"
 
