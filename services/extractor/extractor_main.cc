@@ -193,6 +193,7 @@ int main(int argc, char** argv) {
   WaitForStopSignal();
   std::cout << "specwire-extractor: draining" << std::endl;
   (*server)->BeginDrain();
+  service.BeginDrain();
   scheduler.Drain();
   (*server)->Stop(std::chrono::system_clock::now() +
                   std::chrono::seconds(server_flags.drain_seconds));

@@ -84,6 +84,8 @@ class ExtractorService final
   // A session's open request (the prompt, states, bounds and sampling), as above.
   absl::StatusOr<SessionWork> ValidateSessionOpen(const v1::SessionOpen& request) const;
   int64_t open_sessions() const { return sessions_.open_sessions(); }
+  // The server begins to drain (SessionService::BeginDrain).
+  void BeginDrain() { sessions_.BeginDrain(); }
 
   // Streams currently open (for the concurrency limit).
   int64_t active_streams() const { return active_streams_.load(); }

@@ -84,6 +84,9 @@ class SessionService::Reactor final
   void OnDone() override {
     service_->Unregister(this);
     if (holds_slot_) service_->Release();
+    // A worker that finished the call may still hold mu_ (Finish runs under it, and OnDone can
+    // follow on another thread at once): wait for it to let go before the reactor goes.
+    { std::lock_guard<std::mutex> lock(mu_); }
     delete this;
   }
 
@@ -91,6 +94,12 @@ class SessionService::Reactor final
   void ExpireIfIdle(std::chrono::steady_clock::time_point now, double idle_seconds) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || busy_) return;
+    if (service_->draining_) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "the extractor is shutting down; the session is closed"));
+      return;
+    }
+    if (idle_seconds <= 0) return;
     if (std::chrono::duration<double>(now - last_activity_).count() <= idle_seconds) return;
     FinishLocked(grpc::Status(
         grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -117,6 +126,11 @@ class SessionService::Reactor final
     }
     busy_ = false;
     Touch();
+    if (service_->draining_) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "the extractor is shutting down; the session is closed"));
+      return;
+    }
     if (cancelled_) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
       return;
@@ -140,6 +154,7 @@ class SessionService::Reactor final
           WriteNextLocked();
           return absl::OkStatus();
         }
+        if (service_->draining_) return absl::UnavailableError("extractor is shutting down");
         SW_ASSIGN_OR_RETURN(SessionWork work, service_->validate_open_(request_.open()));
         const SessionLimits& limits = service_->limits_;
         if (work.max_draft_tokens > limits.max_draft_tokens) {
@@ -355,12 +370,21 @@ void SessionService::IdleLoop() {
   while (!stopping_) {
     const double idle = limits_.idle_seconds;
     const auto period = std::chrono::milliseconds(
-        idle > 0 ? std::clamp<int64_t>(static_cast<int64_t>(idle * 250), 10, 1000) : 1000);
+        draining_  ? 50
+        : idle > 0 ? std::clamp<int64_t>(static_cast<int64_t>(idle * 250), 10, 1000)
+                   : 1000);
     cv_.wait_for(lock, period, [&] { return stopping_; });
-    if (stopping_ || idle <= 0) continue;
+    if (stopping_ || (idle <= 0 && !draining_)) continue;
     const auto now = std::chrono::steady_clock::now();
     for (Reactor* r : live_) r->ExpireIfIdle(now, idle);
   }
+}
+
+void SessionService::BeginDrain() {
+  draining_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  for (Reactor* r : live_) r->ExpireIfIdle(now, limits_.idle_seconds);
 }
 
 }  // namespace specwire

@@ -48,6 +48,9 @@ class SessionService {
       grpc::CallbackServerContext* ctx);
 
   int64_t open_sessions() const { return open_sessions_.load(); }
+  // The server is draining: new sessions are refused and open ones end (UNAVAILABLE) as soon as
+  // no call of theirs is running, so that shutdown does not wait for them.
+  void BeginDrain();
   const SessionLimits& limits() const { return limits_; }
 
  private:
@@ -70,6 +73,7 @@ class SessionService {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::atomic<bool> draining_{false};
   std::set<Reactor*> live_;  // streams not yet done (under mu_)
   std::thread idle_thread_;  // last: starts after the rest is initialised
 };

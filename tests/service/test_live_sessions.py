@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import hybrid_fixtures as H  # noqa: E402  (tests/parity, on sys.path via extractor_harness)
-from extractor_harness import metric_sum, wait_for_metric
+from extractor_harness import metric_sum, wait_for, wait_for_metric
 from specwire_client import ExtractorClient, ExtractorError
 
 VOCAB = 512
@@ -293,3 +293,23 @@ def test_bounds_free_sessions_whenever_their_stream_ends(server_factory, checkpo
         h.close()
     wait_for_metric(server, "specwire_extractor_open_sessions", 0, 10)
     assert server.crashed() is None
+
+
+def test_sigterm_closes_open_sessions_and_the_server_exits(server_factory, checkpoint):
+    """A draining extractor ends its open sessions (UNAVAILABLE) instead of waiting out
+    --drain_seconds for them, refuses new ones, and exits 0."""
+    import signal
+    server = server_factory(checkpoint, dtype="float32", args=("--drain_seconds=120",))
+    with ExtractorClient(server.address, timeout=60) as c:
+        s = c.session([1, 2, 3], [0], max_new_tokens=16)
+        v = s.verify([4, 5])
+        s.commit(v.accepted)
+        started = time.monotonic()
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: "draining" in server.log(), 10, "the server to start draining")
+        time.sleep(0.5)
+        expect_refused(lambda: s.verify([6]), grpc.StatusCode.UNAVAILABLE)
+        expect_refused(lambda: c.session([1], [0]), grpc.StatusCode.UNAVAILABLE)
+    code = server.stop(timeout=60)
+    assert code == 0, server.log()
+    assert time.monotonic() - started < 60, "shutdown waited for the idle session"

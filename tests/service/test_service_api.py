@@ -82,7 +82,7 @@ def test_reflection_for_a_stock_grpc_client(fp32_server):
         assert "grpc.health.v1.Health" in services
         svc = DescriptorPool(db).FindServiceByName("specwire.v1.Extractor")
         assert {m.name for m in svc.methods} == {"GetModelInfo", "Extract", "Generate", "Tokenize",
-                                                 "Detokenize", "GetTensors"}
+                                                 "Detokenize", "GetTensors", "Session"}
         chunk = DescriptorPool(db).FindMessageTypeByName("specwire.v1.HiddenStateChunk")
         assert "hf_hidden_states_index" in chunk.fields_by_name
 
