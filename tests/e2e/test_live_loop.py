@@ -6,6 +6,8 @@
    self-check (live.self_check_prompts) reports every checked prompt as matching.
 2. At T > 0 the live loop is seeded: the same seed gives the same report, another seed another;
    both rules run, and their results are labelled with the rule.
+3. The other families (EAGLE-3's chain, DFlash2's selector path) run the same loop: greedy equals
+   their replay on every checked prompt.
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ def target(request, tmp_path_factory):
     server.stop()
 
 
-def score(server: ExtractorServer, target: str, out: Path, *extra: str) -> dict:
+def score(server: ExtractorServer, target: str, out: Path, *extra: str,
+          drafter: Path = DRAFTER) -> dict:
     exe = build_dir() / "services" / "scorer" / "specwire-score"
     if not exe.exists():
         pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR)", pytrace=False)
     res = subprocess.run(
-        [str(exe), f"--extractor={server.address}", f"--drafter={DRAFTER}",
+        [str(exe), f"--extractor={server.address}", f"--drafter={drafter}",
          f"--dataset={PROMPTS}", f"--max_new_tokens={MAX_NEW_TOKENS}", "--dtype=float32",
          f"--threads={THREADS}", "--cache_dir=none", f"--target_checkpoint={MODELS / target}",
          "--ddtree=", f"--json_out={out}", "--quiet", *extra],
@@ -93,3 +96,22 @@ def test_sampled_live_loop_is_seeded(target, tmp_path):
         assert live["self_check_prompts"] == 0  # the self-check is for greedy verification
         assert r["summary"]["tau_mean_of_means"] >= 1.0
         print(f"T 0.7 {rule}: tau {r['summary']['tau_mean_of_means']:.3f}")
+
+
+@pytest.mark.parametrize("drafter", ["tiny-qwen3-eagle3", "tiny-qwen3-dflash2"])
+def test_other_families_live(target, drafter, tmp_path):
+    """EAGLE-3 (its chain) and DFlash2 (its selector's path) through the live loop: greedy equals
+    their replay on every checked prompt; at T > 0 both rules run and are labelled."""
+    name, server = target
+    if name != "tiny-qwen3":
+        pytest.skip("the committed EAGLE-3 and DFlash2 drafters were trained on tiny-qwen3")
+    greedy = score(server, name, tmp_path / "g.json", "--max_prompts=6", "--live=0",
+                   "--live_self_check=6", drafter=MODELS / drafter)
+    check = greedy["summary"]["live"]
+    assert check["self_check_matching"] == check["self_check_prompts"] == 6, check
+    assert greedy["summary"]["tau_mean_of_means"] > 1.5
+    for rule in ("argmax_draft", "draft_distribution"):
+        r = score(server, name, tmp_path / f"{rule}.json", "--max_prompts=6", "--live=0.7:0.95:20",
+                  f"--live_rule={rule}", drafter=MODELS / drafter)
+        assert r["summary"]["live"]["rule"] == rule
+        assert 1.0 <= r["summary"]["tau_mean_of_means"] <= r["summary"]["block_size"]
