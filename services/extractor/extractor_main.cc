@@ -66,6 +66,10 @@ ABSL_FLAG(int64_t, max_sessions, 16,
           "with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_session_tokens, 16384,
           "Positions one session may hold: prompt + max_new_tokens + max_draft_tokens + 1.");
+ABSL_FLAG(int64_t, session_cache_bytes, int64_t{4} << 30,
+          "Cache bytes all open sessions may hold together (each reserves its whole capacity, "
+          "prompt + max_new_tokens + max_draft_tokens + 1 positions, when it opens); an open "
+          "that does not fit is refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, session_idle_seconds, 300,
           "A session that sends no request for this long is closed (DEADLINE_EXCEEDED) and its "
           "state freed; 0: never.");
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
   limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   limits.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   limits.session_idle_seconds = absl::GetFlag(FLAGS_session_idle_seconds);
+  limits.session_cache_bytes = absl::GetFlag(FLAGS_session_cache_bytes);
   limits.max_send_message_bytes = limits.max_chunk_bytes + (1 << 20);
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 

@@ -233,7 +233,8 @@ ExtractorService::ExtractorService(ExtractorBackend* backend, Scheduler* schedul
       sessions_(backend, scheduler, metrics,
                 SessionLimits{limits.max_sessions, limits.max_session_tokens,
                               /*max_draft_tokens=*/64, limits.session_idle_seconds,
-                              limits.default_chunk_bytes, limits.max_chunk_bytes},
+                              limits.session_cache_bytes, limits.default_chunk_bytes,
+                              limits.max_chunk_bytes},
                 [this](const v1::SessionOpen& open) { return ValidateSessionOpen(open); }) {}
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* ExtractorService::Session(

@@ -46,6 +46,7 @@ struct ExtractorLimits {
   int64_t max_sessions = 16;
   int64_t max_session_tokens = 16384;
   double session_idle_seconds = 300;
+  int64_t session_cache_bytes = int64_t{4} << 30;
 };
 
 // Extract and Generate are raw methods (their requests parsed here, their chunks' bytes sent

@@ -83,7 +83,7 @@ class SessionService::Reactor final
 
   void OnDone() override {
     service_->Unregister(this);
-    if (holds_slot_) service_->Release();
+    if (holds_slot_) service_->Release(reserved_bytes_);
     // A worker that finished the call may still hold mu_ (Finish runs under it, and OnDone can
     // follow on another thread at once): wait for it to let go before the reactor goes.
     { std::lock_guard<std::mutex> lock(mu_); }
@@ -171,8 +171,10 @@ class SessionService::Reactor final
               ") + 1 = ", capacity, " positions exceed the limit of ", limits.max_session_tokens,
               " (--max_session_tokens)"));
         }
-        SW_RETURN_IF_ERROR(service_->Acquire());
+        const int64_t bytes = service_->backend_->SequenceBytes(capacity);
+        SW_RETURN_IF_ERROR(service_->Acquire(bytes));
         holds_slot_ = true;
+        reserved_bytes_ = bytes;
         chunk_bytes_ =
             request_.open().max_chunk_bytes() == 0
                 ? limits.default_chunk_bytes
@@ -318,6 +320,7 @@ class SessionService::Reactor final
   bool cancelled_ = false;
   bool finished_ = false;
   bool holds_slot_ = false;
+  int64_t reserved_bytes_ = 0;  // of --session_cache_bytes, while holds_slot_
 };
 
 SessionService::SessionService(ExtractorBackend* backend, Scheduler* scheduler,
@@ -344,15 +347,29 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionService
   return new Reactor(this, ctx);
 }
 
-absl::Status SessionService::Acquire() {
-  if (open_sessions_.fetch_add(1) >= limits_.max_sessions) {
-    open_sessions_.fetch_sub(1);
+absl::Status SessionService::Acquire(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_sessions_.load() >= limits_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("open: ", limits_.max_sessions,
                      " sessions are open, the limit (--max_sessions); retry later"));
   }
-  metrics_->SetOpenSessions(open_sessions_.load());
+  if (reserved_bytes_ + bytes > limits_.max_cache_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "open: the session's cache (", bytes,
+        " bytes for its capacity) does not fit: ", reserved_bytes_, " of ", limits_.max_cache_bytes,
+        " bytes are held by open sessions (--session_cache_bytes); retry later or ask for "
+        "fewer max_new_tokens"));
+  }
+  reserved_bytes_ += bytes;
+  metrics_->SetOpenSessions(open_sessions_.fetch_add(1) + 1);
   return absl::OkStatus();
+}
+
+void SessionService::Release(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_bytes_ -= bytes;
+  metrics_->SetOpenSessions(open_sessions_.fetch_sub(1) - 1);
 }
 
 void SessionService::Register(Reactor* r) {

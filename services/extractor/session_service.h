@@ -30,6 +30,9 @@ struct SessionLimits {
   int64_t max_session_tokens = 16384;  // a session's capacity at most (--max_session_tokens)
   int64_t max_draft_tokens = 64;       // SessionOpen.max_draft_tokens at most
   double idle_seconds = 300;           // --session_idle_seconds; 0: never
+  // Cache bytes all open sessions may hold together (--session_cache_bytes), each session
+  // reserving its whole capacity when it opens.
+  int64_t max_cache_bytes = int64_t{4} << 30;
   int64_t default_chunk_bytes = 1 << 20;
   int64_t max_chunk_bytes = 4 << 20;
 };
@@ -56,9 +59,10 @@ class SessionService {
  private:
   class Reactor;
   friend class Reactor;
-  // A session slot: RESOURCE_EXHAUSTED naming --max_sessions when none is free.
-  absl::Status Acquire();
-  void Release() { metrics_->SetOpenSessions(open_sessions_.fetch_sub(1) - 1); }
+  // A session slot and `bytes` of cache: RESOURCE_EXHAUSTED naming --max_sessions or
+  // --session_cache_bytes when they are not free.
+  absl::Status Acquire(int64_t bytes);
+  void Release(int64_t bytes);
   void Register(Reactor* r);
   void Unregister(Reactor* r);
   void IdleLoop();
@@ -69,6 +73,7 @@ class SessionService {
   SessionLimits limits_;
   OpenValidator validate_open_;
   std::atomic<int64_t> open_sessions_{0};
+  int64_t reserved_bytes_ = 0;  // under mu_
   std::atomic<uint64_t> next_id_{1};
   std::mutex mu_;
   std::condition_variable cv_;

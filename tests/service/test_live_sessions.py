@@ -295,6 +295,24 @@ def test_bounds_free_sessions_whenever_their_stream_ends(server_factory, checkpo
     assert server.crashed() is None
 
 
+def test_the_sessions_cache_budget(server_factory, checkpoint):
+    """--session_cache_bytes: each session reserves its whole capacity when it opens; an open
+    that does not fit is refused naming the flag, and a closed session gives its bytes back."""
+    # The dense test checkpoint holds 1,536 bytes per position: 420 positions take 643,584.
+    server = server_factory(checkpoint, dtype="float32",
+                            args=("--session_cache_bytes=1000000",))
+    with ExtractorClient(server.address, timeout=30) as c:
+        a = c.session([1, 2, 3], [], max_new_tokens=400, max_draft_tokens=15)
+        expect_refused(lambda: c.session([4], [], max_new_tokens=400, max_draft_tokens=15),
+                       grpc.StatusCode.RESOURCE_EXHAUSTED, "--session_cache_bytes")
+        small = c.session([4], [], max_new_tokens=8, max_draft_tokens=2)  # still fits
+        small.close()
+        a.close()
+        b = c.session([4], [], max_new_tokens=400, max_draft_tokens=15)
+        b.close()
+    assert server.crashed() is None
+
+
 def test_sigterm_closes_open_sessions_and_the_server_exits(server_factory, checkpoint):
     """A draining extractor ends its open sessions (UNAVAILABLE) instead of waiting out
     --drain_seconds for them, refuses new ones, and exits 0."""
