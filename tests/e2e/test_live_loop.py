@@ -33,6 +33,15 @@ def target(request, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """The shipped target alone (the committed EAGLE-3 and DFlash2 drafters were trained on it)."""
+    server = ExtractorServer(MODELS / "tiny-qwen3", tmp_path_factory.mktemp("dense"),
+                             dtype="float32", metrics=False).start()
+    yield "tiny-qwen3", server
+    server.stop()
+
+
 def score(server: ExtractorServer, target: str, out: Path, *extra: str,
           drafter: Path = DRAFTER) -> dict:
     exe = build_dir() / "services" / "scorer" / "specwire-score"
@@ -75,10 +84,8 @@ def test_greedy_live_equals_the_replay_step_for_step(target, tmp_path):
           f"{check['verify_calls']} verifications")
 
 
-def test_sampled_live_loop_is_seeded(target, tmp_path):
-    name, server = target
-    if name != "tiny-qwen3":
-        pytest.skip("one target is enough for the seed check")
+def test_sampled_live_loop_is_seeded(dense, tmp_path):
+    name, server = dense
     args = ("--live=0.7:0.95:20", "--max_prompts=6")
     a = score(server, name, tmp_path / "a.json", *args, "--live_seed=4")
     b = score(server, name, tmp_path / "b.json", *args, "--live_seed=4")
@@ -99,12 +106,10 @@ def test_sampled_live_loop_is_seeded(target, tmp_path):
 
 
 @pytest.mark.parametrize("drafter", ["tiny-qwen3-eagle3", "tiny-qwen3-dflash2"])
-def test_other_families_live(target, drafter, tmp_path):
+def test_other_families_live(dense, drafter, tmp_path):
     """EAGLE-3 (its chain) and DFlash2 (its selector's path) through the live loop: greedy equals
     their replay on every checked prompt; at T > 0 both rules run and are labelled."""
-    name, server = target
-    if name != "tiny-qwen3":
-        pytest.skip("the committed EAGLE-3 and DFlash2 drafters were trained on tiny-qwen3")
+    name, server = dense
     greedy = score(server, name, tmp_path / "g.json", "--max_prompts=6", "--live=0",
                    "--live_self_check=6", drafter=MODELS / drafter)
     check = greedy["summary"]["live"]
