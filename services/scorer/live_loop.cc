@@ -56,7 +56,10 @@ absl::StatusOr<LiveResult> RunLiveLoop(
       if (sample_drafts) {
         for (int64_t i = 0; i < len - 1; ++i) {
           const at::Tensor q = SamplingDistribution(logits[i], sampling);
-          draft.push_back(SampleToken(q, UniformAt(settings.seed, static_cast<uint64_t>(pos), i)));
+          // Even streams from 2: the session draws from stream 0 and the odd streams 2L + 1 of
+          // the same seed, and a draft must not reuse a uniform the target's past tests used.
+          const uint64_t stream = 2 * static_cast<uint64_t>(pos) + 2;
+          draft.push_back(SampleToken(q, UniformAt(settings.seed, stream, i)));
           const at::Tensor qf = q.to(at::kFloat).contiguous();
           probs.insert(probs.end(), qf.data_ptr<float>(), qf.data_ptr<float>() + qf.numel());
         }

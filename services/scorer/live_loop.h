@@ -7,7 +7,8 @@
 // [pending, MASK × (len − 1)] with len = min(B, max_length − start_i), as the replay does
 // (replay.h); it commits a_i + 1 tokens. Once the completion ends (the first stop token, or
 // max_new_tokens) each step's length is cut at the end as the replay cuts it, so under greedy
-// verification the step lengths equal the replay's on the same trajectory.
+// verification the step lengths equal the replay's on the same trajectory. Drafts sampled from
+// q draw UniformAt(seed, 2 · start + 2, i): streams the target session (0 and 2L + 1) never uses.
 #pragma once
 
 #include <ATen/ATen.h>
