@@ -8,7 +8,10 @@
 // With --gemm, each repetition also times the forward's projection GEMMs alone (every linear
 // layer of every decoder layer at the forward's shapes, dtype and threads, on weights of the same
 // shapes), back to back with the forward: GEMM time / forward time is how close the forward is to
-// the machine's GEMM rate (extract_vs_gemm_ratio; 1.0 is the limit).
+// the machine's GEMM rate (extract_vs_gemm_ratio; 1.0 is the limit). It also times every
+// attention layer's scaled_dot_product_attention alone at the forward's shapes (causal, per
+// sequence), so the rest (norms, rope, activations, copies, the recurrences of a hybrid) is
+// forward - GEMMs - attention.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -16,6 +19,7 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,12 +44,15 @@ ABSL_FLAG(int, batch, 1, "Sequences per forward.");
 ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, batch_layout, "per_sequence",
-          "per_sequence (the extractor's default: each sequence its own forward) | padded.");
+ABSL_FLAG(std::string, batch_layout, "packed",
+          "packed (the extractor's default) | per_sequence (each sequence its own forward) | "
+          "padded.");
 ABSL_FLAG(std::string, cpu_binding, "auto",
           "Intra-op threads bound to CPUs: auto | none | cores | a list such as 0-3 (the "
           "extractor's flag, with its default).");
-ABSL_FLAG(bool, gemm, false, "Also time the forward's projection GEMMs alone (gemm_times_s).");
+ABSL_FLAG(bool, gemm, false,
+          "Also time the forward's projection GEMMs alone (gemm_times_s) and its attention "
+          "alone (attention_times_s).");
 
 namespace {
 
@@ -149,7 +156,8 @@ int main(int argc, char** argv) {
       for (int64_t t = 0; t < T; ++t)
         seqs[b].push_back((t * 7919 + b * 104729 + 13) % cfg.vocab_size);
     }
-    // The GEMMs' row counts: one call per sequence (per_sequence) or one for the padded batch.
+    // The GEMMs' row counts: one call per sequence (per_sequence), one for the packed or the
+    // padded batch (same rows: every sequence has length T).
     const int64_t calls = *layout == BatchLayout::kPerSequence ? batch : 1;
     std::map<int64_t, at::Tensor> inputs;  // by in_features: [rows, in]
     for (const auto& layer : gemm_weights) {
@@ -160,7 +168,18 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::vector<double> times, gemm_times;
+    // Attention inputs as the forward has them for one sequence: q [1, Hq, T, D], k and v
+    // [1, Hkv, T, D] (transposed views of [1, T, heads, D]).
+    at::Tensor q, k, v;
+    int64_t attention_layers = 0;
+    for (LayerType t : cfg.layer_types) attention_layers += t != LayerType::kLinearAttention;
+    if (gemm && attention_layers > 0) {
+      const auto opts = at::TensorOptions().dtype(*dtype).device(dev);
+      q = at::randn({1, T, cfg.num_heads, cfg.head_dim}, opts).transpose(1, 2);
+      k = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
+      v = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
+    }
+    std::vector<double> times, gemm_times, attention_times;
     for (int r = 0; r < warmup + reps; ++r) {
       SynchronizeDevice(dev);
       auto t0 = std::chrono::steady_clock::now();
@@ -183,7 +202,19 @@ int main(int argc, char** argv) {
         }
         SynchronizeDevice(dev);
         auto g1 = std::chrono::steady_clock::now();
-        if (r >= warmup) gemm_times.push_back(std::chrono::duration<double>(g1 - g0).count());
+        for (int64_t s = 0; q.defined() && s < batch; ++s) {
+          for (int64_t l = 0; l < attention_layers; ++l) {
+            at::Tensor o = at::scaled_dot_product_attention(
+                q, k, v, {}, 0.0, /*is_causal=*/T > 1, std::nullopt,
+                /*enable_gqa=*/cfg.num_heads != cfg.num_kv_heads);
+          }
+        }
+        SynchronizeDevice(dev);
+        auto g2 = std::chrono::steady_clock::now();
+        if (r >= warmup) {
+          gemm_times.push_back(std::chrono::duration<double>(g1 - g0).count());
+          attention_times.push_back(std::chrono::duration<double>(g2 - g1).count());
+        }
       }
     }
     nlohmann::json line = {{"impl", "specwire"},
@@ -194,7 +225,10 @@ int main(int argc, char** argv) {
                            {"times_s", times},
                            {"threads", at::get_num_threads()},
                            {"cpu_binding", binding->ToString()}};
-    if (gemm) line["gemm_times_s"] = gemm_times;
+    if (gemm) {
+      line["gemm_times_s"] = gemm_times;
+      line["attention_times_s"] = attention_times;
+    }
     std::cout << line.dump() << std::endl;
   }
   return 0;

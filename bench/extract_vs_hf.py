@@ -12,13 +12,17 @@ The headline compares against hf-keep1, the stricter of the two.
 Two more figures of the same run:
   vs gemm   the forward's projection GEMMs alone (same shapes, dtype, threads, timed back to back
             with the forward by specwire-bench-extract --gemm) over the forward: 1.0 is the
-            machine's GEMM limit; the rest is attention, norms, rope, copies and allocation.
-  layouts   a batch of --batch sequences of the same length, per_sequence (each its own forward:
-            bit-identical whatever shares the batch; the extractor's default) vs one padded
-            forward: the throughput cost of batch invariance.
+            machine's GEMM limit. The same run times the attention alone (libtorch's
+            scaled_dot_product_attention at the forward's shapes); the table shows GEMM and
+            attention shares of the forward and the rest (norms, rope, activations, copies).
+  layouts   a batch of --batch sequences of the same length (no padding to waste: the padded
+            layout's best case) in the two batch-invariant layouts, packed (the extractor's
+            default: one product per layer over every sequence's rows, attention per sequence)
+            and per_sequence (each sequence its own forward), against one padded forward: the
+            throughput cost of batch invariance.
 
-Lines at the end: extract_vs_gemm_ratio=, batch_invariance_ratio= (padded time / per_sequence
-time; below 1.0 is the cost), and last extract_vs_hf_ratio=<median over configs of hf-keep1
+Lines at the end: extract_vs_gemm_ratio=, batch_invariance_ratio= (padded time / packed time;
+below 1.0 is the cost), and last extract_vs_hf_ratio=<median over configs of hf-keep1
 time / specwire time>.
 """
 from __future__ import annotations
@@ -73,7 +77,7 @@ def time_hf(model, ids: torch.Tensor, reps: int, keep1: bool) -> list[float]:
 
 
 def run_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int,
-             batch: int = 1, layout: str = "per_sequence", gemm: bool = False) -> dict:
+             batch: int = 1, layout: str = "packed", gemm: bool = False) -> dict:
     cmd = [str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens", str(seq_len),
            "--reps", str(reps), "--warmup", "1", "--threads", str(threads), "--batch", str(batch),
            "--batch_layout", layout]
@@ -116,39 +120,45 @@ def main() -> int:
         for seq_len in (int(s) for s in args.seq_lens.split(",")):
             ids = torch.tensor([[(t * 7919 + 13) % QWEN3_100M["vocab_size"] for t in range(seq_len)]])
             time_hf(model, ids, 1, keep1=True)  # warm-up
-            ours, gemm, hf, hf1 = [], [], [], []
+            ours, gemm, attn, hf, hf1 = [], [], [], [], []
             for _ in range(args.rounds):
                 run = run_ours(exe, path, dtype_name, seq_len, args.reps, args.threads, gemm=True)
                 ours += run["times_s"]
                 gemm += run["gemm_times_s"]
+                attn += run["attention_times_s"]
                 hf += time_hf(model, ids, args.reps, keep1=False)
                 hf1 += time_hf(model, ids, args.reps, keep1=True)
             rows.append((dtype_name, seq_len, statistics.median(ours), statistics.median(hf),
-                         statistics.median(hf1), statistics.median(gemm)))
-        per_seq, padded = [], []
+                         statistics.median(hf1), statistics.median(gemm),
+                         statistics.median(attn)))
+        packed, per_seq, padded = [], [], []
         for _ in range(args.rounds):
-            for layout, out in (("per_sequence", per_seq), ("padded", padded)):
+            for layout, out in (("packed", packed), ("per_sequence", per_seq), ("padded", padded)):
                 out += run_ours(exe, path, dtype_name, args.layout_seq_len, args.reps,
                                 args.threads, batch=args.batch, layout=layout)["times_s"]
-        layouts.append((dtype_name, statistics.median(per_seq), statistics.median(padded)))
+        layouts.append((dtype_name, statistics.median(packed), statistics.median(per_seq),
+                        statistics.median(padded)))
         del model
 
     print(f"\n{'dtype':<9} {'tokens':>6} {'specwire tok/s':>15} {'hf tok/s':>10} {'hf-keep1 tok/s':>15} "
-          f"{'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8}")
+          f"{'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8} {'attention':>10} {'rest':>6}")
     ratios, gemm_ratios = [], []
-    for dtype_name, seq_len, t_ours, t_hf, t_hf1, t_gemm in rows:
+    for dtype_name, seq_len, t_ours, t_hf, t_hf1, t_gemm, t_attn in rows:
         ratios.append(t_hf1 / t_ours)
         gemm_ratios.append(t_gemm / t_ours)
+        rest = max(0.0, t_ours - t_gemm - t_attn) / t_ours
         print(f"{dtype_name:<9} {seq_len:>6} {seq_len / t_ours:>15.0f} {seq_len / t_hf:>10.0f} "
               f"{seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} {t_hf1 / t_ours:>9.2f} "
-              f"{t_gemm / t_ours:>8.2f}")
-    print(f"\nbatch of {args.batch} x {args.layout_seq_len} tokens: per_sequence vs padded")
-    print(f"{'dtype':<9} {'per_sequence tok/s':>19} {'padded tok/s':>13} {'padded/per_seq':>15}")
+              f"{t_gemm / t_ours:>8.2f} {t_attn / t_ours:>10.2f} {rest:>6.2f}")
+    print(f"\nbatch of {args.batch} x {args.layout_seq_len} tokens: the invariant layouts vs padded")
+    print(f"{'dtype':<9} {'packed tok/s':>13} {'per_sequence tok/s':>19} {'padded tok/s':>13} "
+          f"{'padded/packed':>14} {'padded/per_seq':>15}")
     layout_ratios = []
     tokens = args.batch * args.layout_seq_len
-    for dtype_name, t_seq, t_pad in layouts:
-        layout_ratios.append(t_pad / t_seq)
-        print(f"{dtype_name:<9} {tokens / t_seq:>19.0f} {tokens / t_pad:>13.0f} {t_pad / t_seq:>15.2f}")
+    for dtype_name, t_packed, t_seq, t_pad in layouts:
+        layout_ratios.append(t_pad / t_packed)
+        print(f"{dtype_name:<9} {tokens / t_packed:>13.0f} {tokens / t_seq:>19.0f} "
+              f"{tokens / t_pad:>13.0f} {t_pad / t_packed:>14.2f} {t_pad / t_seq:>15.2f}")
     print(f"extract_vs_gemm_ratio={statistics.median(gemm_ratios):.2f}")
     print(f"batch_invariance_ratio={statistics.median(layout_ratios):.2f}")
     print(f"extract_vs_hf_ratio={statistics.median(ratios):.2f}")

@@ -2,8 +2,13 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/models/rope.h"
@@ -34,28 +39,111 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w, double eps, NormKin
 
 namespace {
 
-// y = w * bf16/fp32(x * rsqrt(mean(x^2) + eps)), rows of length `dim` at `x + r * row_stride`.
+// One row of RmsNormFused, one element at a time: y = T(w * T(x * rstd)) with
+// rstd = 1 / sqrt(sum(x^2) / dim + eps).
+template <typename T>
+void RmsNormRowScalar(const T* xr, const T* w, T* o, int64_t dim, float eps, float* buf) {
+  float sum = 0;
+  for (int64_t i = 0; i < dim; ++i) {
+    buf[i] = static_cast<float>(xr[i]);
+    sum += buf[i] * buf[i];
+  }
+  const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+  for (int64_t i = 0; i < dim; ++i) {
+    // Round the normalised value to T first, then multiply by the weight in T: the rounding
+    // points of transformers' `weight * hidden.to(input_dtype)`.
+    const T h = static_cast<T>(buf[i] * rstd);
+    o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
+  }
+}
+
+#if defined(__x86_64__)
+// The same row, 16 lanes at a time (AVX-512F/BW/VL), the elements past the last full vector
+// through masked loads and stores: every element of every row takes the same path, so a row's
+// result depends only on its values and length. Squares are summed in 16 lanes (a different
+// order from the scalar loop: both within fp32 rounding of the mean); the element-wise part
+// rounds exactly as the scalar loop does (IEEE products, bf16 round-to-nearest-even).
+#define SPECWIRE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+// GCC 12's AVX-512 headers seed some intrinsics with _mm512_undefined_*(), which its own
+// -Wuninitialized flags once they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+SPECWIRE_AVX512 inline __m512 LoadRow(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+SPECWIRE_AVX512 inline __m512 LoadRow(const at::BFloat16* p, __mmask16 m) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+// bf16 bits (in the low half of each lane) of v, rounded to nearest even (NaN: 0x7FC0), as
+// c10::BFloat16's conversion does.
+SPECWIRE_AVX512 inline __m512i Bf16Bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC00000));
+  return _mm512_srli_epi32(r, 16);
+}
+SPECWIRE_AVX512 inline __m512 Round(__m512 v, const float*) { return v; }
+SPECWIRE_AVX512 inline __m512 Round(__m512 v, const at::BFloat16*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(Bf16Bits(v), 16));
+}
+SPECWIRE_AVX512 inline void StoreRow(float* p, __mmask16 m, __m512 v) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
+SPECWIRE_AVX512 inline void StoreRow(at::BFloat16* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(Bf16Bits(v)));
+}
+
+template <typename T>
+SPECWIRE_AVX512 void RmsNormRowAvx512(const T* xr, const T* w, T* o, int64_t dim, float eps,
+                                      float*) {
+  auto mask = [&](int64_t i) -> __mmask16 {
+    const int64_t left = dim - i;
+    return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+  };
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __m512 v = LoadRow(xr + i, mask(i));
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  }
+  const float sum = _mm512_reduce_add_ps(acc);
+  const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(sum / static_cast<float>(dim) + eps));
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __mmask16 m = mask(i);
+    const __m512 h = Round(_mm512_mul_ps(LoadRow(xr + i, m), rstd), xr);
+    StoreRow(o + i, m, _mm512_mul_ps(LoadRow(w + i, m), h));
+  }
+}
+#pragma GCC diagnostic pop
+#undef SPECWIRE_AVX512
+
+bool HasAvx512Rows() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return yes;
+}
+#else
+bool HasAvx512Rows() { return false; }
+#endif
+
+// y = w * bf16/fp32(x * rsqrt(mean(x^2) + eps)) for rows of length `dim` at x + row_offsets[r].
+// The kernel is chosen once per process (the CPU's), so every row of every call takes it.
 template <typename T>
 void RmsNormRows(const T* x, const int64_t* row_offsets, const T* w, T* out, int64_t rows,
                  int64_t dim, float eps) {
+  using RowFn = void (*)(const T*, const T*, T*, int64_t, float, float*);
+  RowFn row = RmsNormRowScalar<T>;
+#if defined(__x86_64__)
+  if (HasAvx512Rows()) row = RmsNormRowAvx512<T>;
+#endif
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(dim);
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + row_offsets[r];
-      float sum = 0;
-      for (int64_t i = 0; i < dim; ++i) {
-        buf[i] = static_cast<float>(xr[i]);
-        sum += buf[i] * buf[i];
-      }
-      const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
-      T* o = out + r * dim;
-      for (int64_t i = 0; i < dim; ++i) {
-        // Round the normalised value to T first, then multiply by the weight in T: the
-        // rounding points of transformers' `weight * hidden.to(input_dtype)`.
-        const T h = static_cast<T>(buf[i] * rstd);
-        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
-      }
-    }
+    for (int64_t r = begin; r < end; ++r)
+      row(x + row_offsets[r], w, out + r * dim, dim, eps, buf.data());
   });
 }
 
@@ -188,6 +276,75 @@ at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
   return at::Tensor();
 }
 
+at::Tensor JoinSegments(std::vector<at::Tensor> parts, int64_t rows) {
+  TORCH_CHECK(!parts.empty(), "no segment to join");
+  int64_t filled = 0;
+  for (const at::Tensor& t : parts) filled += t.size(1);
+  if (filled < rows) {
+    const at::Tensor& last = parts.back();
+    parts.push_back(at::zeros({1, rows - filled, last.size(2)}, last.options()));
+  }
+  return at::cat(parts, 1);
+}
+
+at::Tensor DecoderLayer::ForwardPacked(const at::Tensor& h,
+                                       const std::vector<PackedSegment>& segments) {
+  at::Tensor out = h.clone();  // padding rows keep their input
+  for (const PackedSegment& s : segments) {
+    out.narrow(1, s.start, s.length)
+        .copy_(Forward(h.narrow(1, s.start, s.length), *s.ctx, nullptr));
+  }
+  return out;
+}
+
+std::vector<CapturedStates> DecoderModel::ForwardPacked(
+    const std::vector<std::vector<int64_t>>& sequences, const CaptureSpec& capture) {
+  TORCH_CHECK(!sequences.empty(), "no sequence to pack");
+  std::vector<ForwardContext> ctx;
+  ctx.reserve(sequences.size());  // segments point into it
+  std::vector<PackedSegment> segments;
+  int64_t total = 0;
+  for (const auto& seq : sequences) {
+    const int64_t len = static_cast<int64_t>(seq.size());
+    TORCH_CHECK(len > 0, "an empty sequence cannot be packed");
+    ctx.emplace_back(0, len, dtype_);
+    segments.push_back({total, len, &ctx.back()});
+    total += len;
+  }
+  at::Tensor ids = at::zeros({1, InvariantRows(total)}, at::kLong);  // padding: token 0
+  int64_t* p = ids.data_ptr<int64_t>();
+  for (const auto& seq : sequences) p = std::copy(seq.begin(), seq.end(), p);
+
+  int64_t last = capture.final_norm ? num_layers() - 1 : -1;
+  for (int64_t id : capture.layers) last = std::max(last, id);
+  std::vector<bool> keep(layers_.size(), false);
+  for (int64_t id : capture.layers) keep[id] = true;
+
+  CapturedStates packed;
+  at::Tensor h = at::embedding(embed_tokens_, ids.to(input_device_));  // [1, N, H]
+  if (capture.embedding) packed.embedding = h;
+  for (int64_t i = 0; i <= last; ++i) {
+    DecoderLayer& layer = *layers_[i];
+    if (h.device() != layer.device()) h = h.to(layer.device());
+    h = layer.ForwardPacked(h, segments);
+    if (keep[i]) packed.layers[i] = h;
+  }
+  if (capture.final_norm) {
+    if (h.device() != output_device_) h = h.to(output_device_);
+    packed.final_norm = RmsNorm(h, norm_, config_.rms_norm_eps, final_norm_kind_);
+  }
+  std::vector<CapturedStates> out(sequences.size());
+  for (size_t b = 0; b < segments.size(); ++b) {
+    auto rows = [&](const at::Tensor& t) {
+      return t.select(0, 0).narrow(0, segments[b].start, segments[b].length);
+    };
+    if (packed.embedding.defined()) out[b].embedding = rows(packed.embedding);
+    for (const auto& [id, t] : packed.layers) out[b].layers[id] = rows(t);
+    if (packed.final_norm.defined()) out[b].final_norm = rows(packed.final_norm);
+  }
+  return out;
+}
+
 at::Tensor DecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -202,7 +359,7 @@ at::Tensor DecoderModel::DecodeStep(const std::vector<int64_t>& tokens,
                                     const std::vector<ModelCache*>& caches) {
   TORCH_CHECK(!tokens.empty() && tokens.size() == caches.size(), "one cache per token");
   const int64_t N = static_cast<int64_t>(tokens.size());
-  const int64_t M = DecodeRowsFor(N);
+  const int64_t M = InvariantRows(N);
   std::vector<ForwardContext> ctx;
   ctx.reserve(tokens.size());  // rows point into it
   at::Tensor ids = at::zeros({M, 1}, at::kLong);

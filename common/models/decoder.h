@@ -63,11 +63,33 @@ class ForwardContext {
   mutable std::map<std::pair<const void*, std::string>, std::pair<at::Tensor, at::Tensor>> rotary_;
 };
 
+// One sequence of a packed forward: rows [start, start + length) of a [1, N, hidden] input hold
+// its tokens at positions 0..length-1 (ctx: past_len 0, seq_len = length; no cache).
+struct PackedSegment {
+  int64_t start;
+  int64_t length;
+  const ForwardContext* ctx;
+};
+
 // One sequence of a batched decoding step: its own position and cache (a batch-1 cache).
 struct DecodeRow {
   const ForwardContext* ctx;  // past_len = the sequence's cache length, seq_len = 1
   LayerCache* cache;
 };
+
+// fn(start, length) for each segment's rows, or once for all `rows` when segments is null.
+template <typename Fn>
+void ForEachRowRange(const std::vector<PackedSegment>* segments, int64_t rows, Fn&& fn) {
+  if (segments == nullptr) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  for (const PackedSegment& s : *segments) fn(s.start, s.length);
+}
+
+// Per-segment results [1, length, C], in segment order, joined into [1, rows, C] (zeros in the
+// padding rows after the last segment).
+at::Tensor JoinSegments(std::vector<at::Tensor> parts, int64_t rows);
 
 class DecoderLayer {
  public:
@@ -80,6 +102,14 @@ class DecoderLayer {
   // here share every projection's matrix product across the M rows and attend (or run the
   // recurrence) per sequence.
   virtual at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows);
+  // Several sequences packed without padding between them: h [1, N, hidden], the segments in
+  // order, rows past the last segment padding (their output is unspecified). Each sequence's
+  // rows come out bit-identical to a packed forward of that sequence alone: what runs over all
+  // rows at once is row-local (matrix products on DecoderModel::InvariantRows rows, RMS norms,
+  // exact adds and products); whatever mixes tokens or rounds a transcendental function (rope,
+  // attention, convolution, the delta rule, SiLU, gates) runs per segment, on views of the same
+  // shape and strides as the sequence alone. The default runs Forward per segment.
+  virtual at::Tensor ForwardPacked(const at::Tensor& h, const std::vector<PackedSegment>& segments);
   virtual void ForEachWeight(const WeightVisitor& visit) = 0;
   // Called once after loading: fuse projections, move to the device.
   virtual void Prepare(const at::Device& device) = 0;
@@ -167,19 +197,31 @@ class DecoderModel {
 
   // One greedy-decoding step of several sequences, each with its own batch-1 cache: tokens[i]
   // goes in at position caches[i]->length, which grows by one. Returns next-token logits
-  // [N, vocab]. The matrix products run on DecodeRowsFor(N) rows (padding rows after the real
+  // [N, vocab]. The matrix products run on InvariantRows(N) rows (padding rows after the real
   // ones), where a row's rounding does not depend on how many rows there are: MKL and oneDNN
   // pick other kernels, and other summation orders, for one row or a few, and where "a few" ends
   // depends on the CPU (measured: from 4 rows on an AVX2 Xeon, from 6 on an AVX-512 one), so a
   // sequence's tokens are the same whatever else decodes beside it (decoder_test.cc:
   // DecodeStep.*, batched_decode_test.cc).
   at::Tensor DecodeStep(const std::vector<int64_t>& tokens, const std::vector<ModelCache*>& caches);
-  static constexpr int64_t kDecodeRowQuantum = 4;
-  static constexpr int64_t kDecodeMinRows = 8;
-  // max(kDecodeMinRows, n rounded up to a multiple of kDecodeRowQuantum).
-  static int64_t DecodeRowsFor(int64_t n) {
-    const int64_t rounded = (n + kDecodeRowQuantum - 1) / kDecodeRowQuantum * kDecodeRowQuantum;
-    return rounded < kDecodeMinRows ? kDecodeMinRows : rounded;
+
+  // Sequences packed one after another into a single forward (no cache, no logits): the layers'
+  // matrix products run once over every sequence's rows (InvariantRows(total) rows, padding
+  // last), attention and recurrences per sequence (DecoderLayer::ForwardPacked). Returns the
+  // captured taps of every sequence, [length, hidden] each, on the device that produced them;
+  // each is bit-identical to a packed forward of that sequence alone.
+  std::vector<CapturedStates> ForwardPacked(const std::vector<std::vector<int64_t>>& sequences,
+                                            const CaptureSpec& capture);
+
+  static constexpr int64_t kRowQuantum = 4;
+  static constexpr int64_t kMinRows = 8;
+  // Rows a matrix product runs on so that each row's rounding does not depend on how many rows
+  // share it: max(kMinRows, n rounded up to a multiple of kRowQuantum) (measured on AVX2 and
+  // AVX-512 Xeons and an AVX-512 EPYC, MKL fp32 and oneDNN bf16: every such row count gives each
+  // row the same bits, at any offset, up to thousands of rows).
+  static int64_t InvariantRows(int64_t n) {
+    const int64_t rounded = (n + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
+    return rounded < kMinRows ? kMinRows : rounded;
   }
 
  private:

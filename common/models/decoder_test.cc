@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,33 @@ TEST(RmsNormTest, KeepsTheInputDtypeAndRoundsLikeTransformers) {
   at::Tensor one_plus = RmsNorm(x, w, 1e-6, NormKind::kOnePlusWeight);
   EXPECT_EQ(one_plus.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(one_plus, (normed * (1.0 + w.to(at::kFloat))).to(at::kBFloat16)));
+}
+
+TEST(RmsNormFusedTest, MatchesTheCompositeOnRandomShapesAndDependsOnlyOnTheRow) {
+  // Lengths around the 16-lane vectors (tails of every size), strided rows (q/k heads are views
+  // into a fused projection), fp32 and bf16.
+  c10::InferenceMode inference;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t dim : {1, 3, 15, 16, 17, 31, 33, 64, 100, 129, 768}) {
+      SCOPED_TRACE(absl::StrCat(c10::toString(dtype), " dim ", dim));
+      at::Tensor wide = (3.0 * at::randn({37, 2 * dim + 5}, gen, at::kFloat)).to(dtype);
+      at::Tensor x = wide.narrow(1, 2, dim);  // rows 2·dim + 5 apart
+      at::Tensor w = (1.0 + 0.2 * at::randn({dim}, gen, at::kFloat)).to(dtype);
+      at::Tensor fused = RmsNormFused(x, w, 1e-6);
+      at::Tensor composite = RmsNorm(x, w, 1e-6, NormKind::kPlain);
+      ASSERT_EQ(fused.scalar_type(), dtype);
+      // Only the order of a row's sum of squares differs: fp32 rounding of the mean, which in
+      // bf16 can flip the last bit of an element.
+      const double tol = dtype == at::kFloat ? 2e-6 : 8e-3;
+      EXPECT_LE(RelDiff(fused, composite), tol);
+      // A row's result does not depend on which rows share the call.
+      at::Tensor some = RmsNormFused(x.narrow(0, 5, 7), w, 1e-6);
+      EXPECT_TRUE(at::equal(some, fused.narrow(0, 5, 7)));
+      at::Tensor one = RmsNormFused(x.narrow(0, 36, 1), w, 1e-6);
+      EXPECT_TRUE(at::equal(one, fused.narrow(0, 36, 1)));
+    }
+  }
 }
 
 // --- Rotary embedding ------------------------------------------------------------------------
@@ -404,6 +432,53 @@ TEST(PaddedBatchTest, RightPaddedRowsMatchEachSequenceAlone) {
         EXPECT_LE(RelDiff(row(batch.final_norm), alone.final_norm.select(0, 0)), 1e-6)
             << "row " << b;
       }
+    }
+  }
+}
+
+// --- Packed forwards ---------------------------------------------------------------------------
+
+TEST(PackedForwardTest, EachSequenceIsBitIdenticalToItAloneAndCloseToTheUnpackedForward) {
+  c10::InferenceMode inference;
+  std::mt19937 rng(20261202);
+  for (const CacheCase& c : CacheCases()) {
+    SCOPED_TRACE(c.name);
+    auto model = RandomModel(c.config);
+    const CaptureSpec taps = AllTaps(*model);
+    std::vector<std::vector<int64_t>> pool;
+    for (int64_t len : {1, 2, 5, 8, 13, 40}) {
+      std::vector<int64_t> seq(len);
+      for (int64_t& t : seq) t = static_cast<int64_t>(rng() % model->config().vocab_size);
+      pool.push_back(seq);
+    }
+    std::vector<std::vector<CapturedStates>> alone;
+    for (const auto& seq : pool) alone.push_back(model->ForwardPacked({seq}, taps));
+    for (int batch = 0; batch < 6; ++batch) {
+      std::vector<size_t> members(2 + rng() % 5);
+      for (size_t& m : members) m = rng() % pool.size();
+      std::vector<std::vector<int64_t>> seqs;
+      for (size_t m : members) seqs.push_back(pool[m]);
+      std::vector<CapturedStates> got = model->ForwardPacked(seqs, taps);
+      ASSERT_EQ(got.size(), members.size());
+      for (size_t i = 0; i < members.size(); ++i) {
+        const CapturedStates& want = alone[members[i]][0];
+        SCOPED_TRACE(
+            absl::StrCat("batch ", batch, " position ", i, " length ", pool[members[i]].size()));
+        EXPECT_TRUE(at::equal(got[i].embedding, want.embedding));
+        for (int64_t l = 0; l < model->num_layers(); ++l) {
+          EXPECT_TRUE(at::equal(got[i].layers.at(l), want.layers.at(l))) << "layer " << l;
+        }
+        EXPECT_TRUE(at::equal(got[i].final_norm, want.final_norm));
+      }
+    }
+    // The same math as a plain forward of the sequence (other row counts: rounding only).
+    for (size_t m = 0; m < pool.size(); ++m) {
+      CapturedStates plain;
+      model->Forward(Tokens(pool[m]), nullptr, taps, &plain, LogitsMode::kNone);
+      for (int64_t l = 0; l < model->num_layers(); ++l) {
+        EXPECT_LE(RelDiff(alone[m][0].layers.at(l), plain.layers.at(l).select(0, 0)), 1e-5);
+      }
+      EXPECT_LE(RelDiff(alone[m][0].final_norm, plain.final_norm.select(0, 0)), 1e-5);
     }
   }
 }

@@ -102,17 +102,24 @@ at::Tensor LlamaDecoderLayer::Attend(at::Tensor q, at::Tensor k, const at::Tenso
                          1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq*D]
 }
 
-at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn) const {
+at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn,
+                                     const std::vector<PackedSegment>* segments) const {
   at::Tensor out = h + at::linear(attn, o_w_, o_b_);  // a new tensor: `h` may be a captured state
 
   // --- MLP block ---
   at::Tensor m = RmsNormFused(out, post_norm_, eps_);
   at::Tensor gu = at::linear(m, gate_up_w_, gate_up_b_);  // [B, T, 2I]
   // silu(gate) * up, written in place over the gate half (same roundings as two out-of-place
-  // ops); down_proj reads it through its row stride, without a copy.
+  // ops); down_proj reads it through its row stride, without a copy. Packed, per segment: where
+  // a multi-threaded elementwise loop splits its range (and which elements take the scalar tail
+  // of a vectorised exp) depends on the tensor's shape.
   at::Tensor act = gu.narrow(-1, 0, intermediate_);
-  at::silu_(act);
-  act.mul_(gu.narrow(-1, intermediate_, intermediate_));
+  at::Tensor up = gu.narrow(-1, intermediate_, intermediate_);
+  ForEachRowRange(segments, gu.size(1), [&](int64_t start, int64_t len) {
+    at::Tensor a = act.narrow(1, start, len);
+    at::silu_(a);
+    a.mul_(up.narrow(1, start, len));
+  });
   out.add_(at::linear(act, down_w_, down_b_));
   return out;
 }
@@ -121,6 +128,17 @@ at::Tensor LlamaDecoderLayer::Forward(const at::Tensor& h, const ForwardContext&
                                       LayerCache* cache) {
   auto [q, k, v] = Project(h);
   return Finish(h, Attend(q, k, v, ctx, cache));
+}
+
+at::Tensor LlamaDecoderLayer::ForwardPacked(const at::Tensor& h,
+                                            const std::vector<PackedSegment>& segments) {
+  auto [q, k, v] = Project(h);  // every sequence's projections in one product
+  std::vector<at::Tensor> attn;
+  for (const PackedSegment& s : segments) {
+    attn.push_back(Attend(q.narrow(2, s.start, s.length), k.narrow(2, s.start, s.length),
+                          v.narrow(2, s.start, s.length), *s.ctx, nullptr));
+  }
+  return Finish(h, JoinSegments(std::move(attn), h.size(1)), &segments);
 }
 
 at::Tensor LlamaDecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) {

@@ -24,6 +24,8 @@ class LlamaDecoderLayer : public DecoderLayer {
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) override;
   at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) override;
+  at::Tensor ForwardPacked(const at::Tensor& h,
+                           const std::vector<PackedSegment>& segments) override;
   void ForEachWeight(const WeightVisitor& visit) override;
   void Prepare(const at::Device& device) override;
   std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
@@ -36,8 +38,9 @@ class LlamaDecoderLayer : public DecoderLayer {
   // Rotary embedding at ctx's positions and attention over `cache`: [B, T, Hq·D].
   at::Tensor Attend(at::Tensor q, at::Tensor k, const at::Tensor& v, const ForwardContext& ctx,
                     LayerCache* cache) const;
-  // o_proj and the residual, then the MLP block.
-  at::Tensor Finish(const at::Tensor& h, const at::Tensor& attn) const;
+  // o_proj and the residual, then the MLP block (SiLU per segment when packed).
+  at::Tensor Finish(const at::Tensor& h, const at::Tensor& attn,
+                    const std::vector<PackedSegment>* segments = nullptr) const;
 
   // Sizes.
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;

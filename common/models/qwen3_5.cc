@@ -284,10 +284,21 @@ at::Tensor Qwen3_5DecoderLayer::DecodeRows(const at::Tensor& h,
   return Mlp(h + MixRows(n, rows));
 }
 
-at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out) const {
+at::Tensor Qwen3_5DecoderLayer::ForwardPacked(const at::Tensor& h,
+                                              const std::vector<PackedSegment>& segments) {
+  at::Tensor n = RmsNorm(h, input_norm_, eps_, NormKind::kOnePlusWeight);  // [1, N, H]
+  return Mlp(h + MixPacked(n, segments), &segments);
+}
+
+at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out,
+                                    const std::vector<PackedSegment>* segments) const {
   at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kOnePlusWeight);
   at::Tensor act = at::linear(m, gate_w_);  // [B, T, I]
-  at::silu_(act).mul_(at::linear(m, up_w_));  // silu(gate) · up, in place
+  at::Tensor up = at::linear(m, up_w_);
+  ForEachRowRange(segments, act.size(1), [&](int64_t start, int64_t len) {
+    at::Tensor a = act.narrow(1, start, len);
+    at::silu_(a).mul_(up.narrow(1, start, len));  // silu(gate) · up, in place
+  });
   out.add_(at::linear(act, down_w_));
   return out;
 }
@@ -381,6 +392,18 @@ at::Tensor GatedAttentionLayer::MixRows(const at::Tensor& n, const std::vector<D
   if (pad > 0) attn.push_back(at::zeros({pad, 1, heads_ * head_dim_}, n.options()));
   at::Tensor a = at::cat(attn, 0) * at::sigmoid(p.gate);
   return at::linear(a, o_w_, o_b_);
+}
+
+at::Tensor GatedAttentionLayer::MixPacked(const at::Tensor& n,
+                                          const std::vector<PackedSegment>& segments) {
+  Projected p = Project(n);  // every sequence's projections in one product
+  std::vector<at::Tensor> attn;
+  for (const PackedSegment& s : segments) {
+    at::Tensor a = Attend(p.q.narrow(2, s.start, s.length), p.k.narrow(2, s.start, s.length),
+                          p.v.narrow(2, s.start, s.length), *s.ctx, nullptr);
+    attn.push_back(a * at::sigmoid(p.gate.narrow(1, s.start, s.length)));
+  }
+  return at::linear(JoinSegments(std::move(attn), n.size(1)), o_w_, o_b_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,6 +502,18 @@ at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ct
                                    LayerCache* cache) {
   Projected p = Project(n);
   return at::linear(Recur(p.mixed, p.z, p.b, p.a, ctx, cache), out_w_);  // [B, T, hidden]
+}
+
+at::Tensor GatedDeltaNetLayer::MixPacked(const at::Tensor& n,
+                                         const std::vector<PackedSegment>& segments) {
+  Projected p = Project(n);  // every sequence's projections in one product
+  std::vector<at::Tensor> out;
+  for (const PackedSegment& s : segments) {
+    out.push_back(Recur(p.mixed.narrow(1, s.start, s.length), p.z.narrow(1, s.start, s.length),
+                        p.b.narrow(1, s.start, s.length), p.a.narrow(1, s.start, s.length), *s.ctx,
+                        nullptr));
+  }
+  return at::linear(JoinSegments(std::move(out), n.size(1)), out_w_);
 }
 
 at::Tensor GatedDeltaNetLayer::MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) {

@@ -87,6 +87,7 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) final;
   at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) final;
+  at::Tensor ForwardPacked(const at::Tensor& h, const std::vector<PackedSegment>& segments) final;
   void ForEachWeight(const WeightVisitor& visit) final;
   void Prepare(const at::Device& device) final;
 
@@ -95,6 +96,8 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
   virtual at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) = 0;
   // The same for DecodeRows: n [M, 1, hidden], one sequence per row (padding rows give 0).
   virtual at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) = 0;
+  // The same for ForwardPacked: n [1, N, hidden], products over all rows, mixing per segment.
+  virtual at::Tensor MixPacked(const at::Tensor& n, const std::vector<PackedSegment>& segments) = 0;
   virtual void ForEachMixerWeight(const WeightVisitor& visit) = 0;
   virtual void PrepareMixer() = 0;  // device_ is set
 
@@ -103,7 +106,8 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
   const at::ScalarType dtype_;
 
  private:
-  at::Tensor Mlp(at::Tensor out) const;  // post-norm SwiGLU block added to `out`
+  // Post-norm SwiGLU block added to `out` (SiLU per segment when packed: see llama.cc's Finish).
+  at::Tensor Mlp(at::Tensor out, const std::vector<PackedSegment>* segments = nullptr) const;
 
   const int64_t intermediate_;
   at::Tensor input_norm_, post_norm_;  // [hidden], (1 + w)
@@ -124,6 +128,7 @@ class GatedAttentionLayer : public Qwen3_5DecoderLayer {
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
   at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) override;
+  at::Tensor MixPacked(const at::Tensor& n, const std::vector<PackedSegment>& segments) override;
   void ForEachMixerWeight(const WeightVisitor& visit) override;
   void PrepareMixer() override;
 
@@ -158,6 +163,7 @@ class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
   at::Tensor MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) override;
+  at::Tensor MixPacked(const at::Tensor& n, const std::vector<PackedSegment>& segments) override;
   void ForEachMixerWeight(const WeightVisitor& visit) override;
   void PrepareMixer() override;
 

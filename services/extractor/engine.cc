@@ -59,7 +59,7 @@ absl::Status ExtractionEngine::ComputeCanary(int64_t n) {
   capture.final_norm = true;
   for (int64_t k = 0; k < L; ++k) capture.layers.push_back(k);
   SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
-                      Extract({c.token_ids}, capture, at::kFloat, BatchLayout::kPerSequence));
+                      Extract({c.token_ids}, capture, at::kFloat, BatchLayout::kPacked));
   c.taps.push_back(Fingerprint("embedding", states[0].embedding));
   for (int64_t k = 0; k < L; ++k) {
     c.taps.push_back(Fingerprint(absl::StrCat("layer.", k), states[0].layers.at(k)));
@@ -103,17 +103,34 @@ absl::Status ExtractionEngine::Validate(const std::vector<std::vector<int64_t>>&
 }
 
 absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field) {
+  if (name == "packed") return BatchLayout::kPacked;
   if (name == "per_sequence") return BatchLayout::kPerSequence;
   if (name == "padded") return BatchLayout::kPadded;
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": \"", name, "\" is not a batch layout (per_sequence, padded)"));
+      absl::StrCat(field, ": \"", name, "\" is not a batch layout (packed, per_sequence, padded)"));
 }
 
 const char* BatchLayoutName(BatchLayout layout) {
-  return layout == BatchLayout::kPadded ? "padded" : "per_sequence";
+  switch (layout) {
+    case BatchLayout::kPacked:
+      return "packed";
+    case BatchLayout::kPerSequence:
+      return "per_sequence";
+    case BatchLayout::kPadded:
+      return "padded";
+  }
+  return "?";
 }
 
 namespace {
+
+// One sequence's captured rows ([length, hidden] each), on the host in `out_dtype`.
+void TakeStates(const CapturedStates& rows, at::ScalarType out_dtype, SequenceStates& o) {
+  auto take = [&](const at::Tensor& t) { return t.to(at::kCPU, out_dtype).contiguous(); };
+  if (rows.embedding.defined()) o.embedding = take(rows.embedding);
+  for (const auto& [id, t] : rows.layers) o.layers[id] = take(t);
+  if (rows.final_norm.defined()) o.final_norm = take(rows.final_norm);
+}
 
 // One forward over `sequences` right-padded with token 0 (causal layers never let a real token
 // see the padding); each sequence's states go to out[first + b].
@@ -131,22 +148,21 @@ void ForwardPadded(DecoderModel& model, const std::vector<std::vector<int64_t>>&
   }
   CapturedStates captured;
   model.Forward(ids, nullptr, capture, &captured, LogitsMode::kNone);
-  auto take = [&](const at::Tensor& full, int64_t b) {
-    const int64_t len = static_cast<int64_t>(sequences[first + b].size());
-    return full.select(0, b).narrow(0, 0, len).to(at::kCPU, out_dtype).contiguous();
-  };
   for (int64_t b = 0; b < B; ++b) {
-    SequenceStates& o = out[first + b];
-    if (captured.embedding.defined()) o.embedding = take(captured.embedding, b);
-    for (const auto& [id, t] : captured.layers) o.layers[id] = take(t, b);
-    if (captured.final_norm.defined()) o.final_norm = take(captured.final_norm, b);
+    const int64_t len = static_cast<int64_t>(sequences[first + b].size());
+    auto rows = [&](const at::Tensor& full) { return full.select(0, b).narrow(0, 0, len); };
+    CapturedStates mine;
+    if (captured.embedding.defined()) mine.embedding = rows(captured.embedding);
+    for (const auto& [id, t] : captured.layers) mine.layers[id] = rows(t);
+    if (captured.final_norm.defined()) mine.final_norm = rows(captured.final_norm);
+    TakeStates(mine, out_dtype, out[first + b]);
   }
 }
 
 }  // namespace
 
 ExtractionEngine::ExtractionEngine(std::unique_ptr<LoadedModel> model) : model_(std::move(model)) {
-  SetBatchLayout(BatchLayout::kPerSequence);
+  SetBatchLayout(BatchLayout::kPacked);
 }
 
 void ExtractionEngine::SetBatchLayout(BatchLayout layout) {
@@ -155,7 +171,7 @@ void ExtractionEngine::SetBatchLayout(BatchLayout layout) {
   if (at != std::string::npos) k.resize(at);
   layout_ = layout;
   absl::StrAppend(&k, "; batch layout ", BatchLayoutName(layout),
-                  layout == BatchLayout::kPerSequence ? " (batch-invariant)" : "");
+                  layout == BatchLayout::kPadded ? "" : " (batch-invariant)");
 }
 
 absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
@@ -203,6 +219,28 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
         group.push_back(sequences[i]);
         members.push_back(i);
         real += len;
+      }
+      flush();
+    } else if (layout == BatchLayout::kPacked) {
+      // In request order, a forward closed before it would pass kPackedRows tokens.
+      std::vector<std::vector<int64_t>> group;
+      size_t first = 0;
+      int64_t tokens = 0;
+      auto flush = [&] {
+        if (group.empty()) return;
+        std::vector<CapturedStates> states = model().ForwardPacked(group, capture);
+        for (size_t k = 0; k < states.size(); ++k) {
+          TakeStates(states[k], out_dtype, out[first + k]);
+        }
+        first += group.size();
+        group.clear();
+        tokens = 0;
+      };
+      for (const auto& seq : sequences) {
+        const int64_t len = static_cast<int64_t>(seq.size());
+        if (!group.empty() && tokens + len > kPackedRows) flush();
+        group.push_back(seq);
+        tokens += len;
       }
       flush();
     } else {

@@ -27,17 +27,26 @@ struct SequenceStates {
 
 // How Extract lays out several sequences.
 enum class BatchLayout {
-  // Each sequence runs through its own forward, unpadded: its hidden states are bit-identical
-  // whatever else shares the request or the batch (fp32 and bf16; a GEMM's rounding may depend on
-  // its row count, so sequences never share one). The canonical extraction path and the default.
+  // The sequences packed one after another, without padding, into forwards of up to
+  // kPackedRows tokens: the matrix products run once over every sequence's rows (on
+  // DecoderModel::InvariantRows rows, where a row's rounding does not depend on the row count),
+  // attention and the recurrences per sequence. A sequence's hidden states are bit-identical
+  // whatever else shares the request or the batch (fp32 and bf16). The canonical extraction
+  // path and the default.
+  kPacked,
+  // Each sequence runs through its own forward, unpadded: bit-identical whatever shares the batch
+  // by construction (no row is ever shared), at the cost of one smaller forward per sequence.
   kPerSequence,
   // Right-padded forwards over groups of similar length (padding at most doubles a group's
-  // tokens): fewer, larger GEMMs, but a sequence's low bits depend on what else is in the batch
-  // (bf16: up to ~1e-2 relative). For throughput comparisons.
+  // tokens): a sequence's low bits depend on what else is in the batch (bf16: up to ~1e-2
+  // relative). For throughput comparisons.
   kPadded,
 };
 
-// "per_sequence" | "padded"; INVALID_ARGUMENT names `field`.
+// Tokens one packed forward holds at most (a longer sequence runs alone).
+inline constexpr int64_t kPackedRows = 2048;
+
+// "packed" | "per_sequence" | "padded"; INVALID_ARGUMENT names `field`.
 absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field);
 const char* BatchLayoutName(BatchLayout layout);
 
@@ -83,7 +92,7 @@ class ExtractionEngine {
 
  private:
   std::unique_ptr<LoadedModel> model_;
-  BatchLayout layout_ = BatchLayout::kPerSequence;
+  BatchLayout layout_ = BatchLayout::kPacked;
   std::map<std::string, std::string> digests_;  // tensor name → digest, computed on first use
 };
 

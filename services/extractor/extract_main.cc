@@ -34,9 +34,10 @@ ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | fl
 ABSL_FLAG(std::string, device_map, "cpu",
           "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, batch_layout, "per_sequence",
-          "extract: per_sequence (each sequence its own unpadded forward: bit-identical whatever "
-          "shares the batch) or padded (one padded forward).");
+ABSL_FLAG(std::string, batch_layout, "packed",
+          "extract: packed (sequences packed without padding, one matrix product per layer for "
+          "all of them: bit-identical whatever shares the batch), per_sequence (each sequence "
+          "its own forward: bit-identical too, slower) or padded (one padded forward).");
 ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
 ABSL_FLAG(std::string, tokens_file, "",
           "JSON file with a list of token-id lists (instead of --tokens).");

@@ -33,10 +33,12 @@ ABSL_FLAG(std::string, cpu_binding, "auto",
           "this process may use, else none) | none (the kernel places them) | cores (thread i on "
           "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
           "several on a host).");
-ABSL_FLAG(std::string, batch_layout, "per_sequence",
-          "How a batch of sequences runs: per_sequence (each sequence its own unpadded forward: "
-          "its hidden states are bit-identical whatever shares the batch) or padded (one padded "
-          "forward; faster for many short sequences, low bits depend on the batch).");
+ABSL_FLAG(std::string, batch_layout, "packed",
+          "How a batch of sequences runs: packed (sequences packed without padding, one matrix "
+          "product per layer for all of them, attention per sequence: hidden states "
+          "bit-identical whatever shares the batch), per_sequence (each sequence its own "
+          "forward: bit-identical too, slower) or padded (one padded forward; low bits depend "
+          "on the batch).");
 ABSL_FLAG(int64_t, canary_tokens, 80,
           "Tokens of the canary input run at load: every tap's statistics go into the contract "
           "(its canary fingerprint, which specwire-cli fingerprint prints and compares); 0: none.");

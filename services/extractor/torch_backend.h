@@ -17,9 +17,9 @@ struct BackendOptions {
   int threads = 0;  // intra-op CPU threads; 0: torch's default
   // Where they run (common/models/cpu_threads.h): auto | none | cores | CPU ids and ranges.
   std::string cpu_binding = "auto";
-  // How a batch of sequences runs (engine.h): per sequence (bit-identical whatever shares the
-  // batch) or as one padded forward.
-  std::string batch_layout = "per_sequence";
+  // How a batch of sequences runs (engine.h): packed or per sequence (bit-identical whatever
+  // shares the batch), or as padded forwards.
+  std::string batch_layout = "packed";
   int64_t canary_tokens = 80;  // the contract's canary fingerprint (0: none)
 };
 

@@ -201,7 +201,7 @@ def test_generate_features_equal_an_extract_of_the_same_tokens(server_factory, c
                                                                compute):
     """Generation goes through the extraction forward: the states of prompt + completion that
     Generate returns are bit-identical to an Extract of those tokens, alone or batched with other
-    sequences (each sequence runs its own forward: --batch_layout per_sequence)."""
+    sequences (the default --batch_layout packed)."""
     server = server_factory(checkpoint, dtype=compute)
     prompts = random_sequences([3, 17, 40], seed=21)
     with ExtractorClient(server.address, timeout=120) as c:
