@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "common/models/rope.h"
@@ -231,6 +230,27 @@ std::unique_ptr<ModelCache> DecoderModel::NewCache(int64_t batch, int64_t capaci
   return cache;
 }
 
+CapturedStates CapturedStates::Rows(int64_t b, int64_t start, int64_t length) const {
+  auto rows = [&](const at::Tensor& t) { return t.select(0, b).narrow(0, start, length); };
+  CapturedStates out;
+  if (embedding.defined()) out.embedding = rows(embedding);
+  for (const auto& [id, t] : layers) out.layers[id] = rows(t);
+  if (final_norm.defined()) out.final_norm = rows(final_norm);
+  return out;
+}
+
+int64_t DecoderModel::LastLayerToRun(const CaptureSpec& capture, bool need_top) const {
+  int64_t last = need_top ? num_layers() - 1 : -1;
+  for (int64_t id : capture.layers) last = std::max(last, id);
+  return last;
+}
+
+std::vector<bool> DecoderModel::LayersToKeep(const CaptureSpec& capture) const {
+  std::vector<bool> keep(layers_.size(), false);
+  for (int64_t id : capture.layers) keep[id] = true;
+  return keep;
+}
+
 at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
                                  const CaptureSpec& capture, CapturedStates* captured,
                                  LogitsMode mode) {
@@ -247,11 +267,8 @@ at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
   // Layers past the last one anybody needs are skipped: extraction of a middle layer does not pay
   // for the rest of the stack. With a cache every layer must run to keep the cache consistent.
   const bool need_top = mode != LogitsMode::kNone || capture.final_norm || cache != nullptr;
-  int64_t last = need_top ? num_layers() - 1 : -1;
-  for (int64_t id : capture.layers) last = std::max(last, id);
-
-  std::vector<bool> keep(layers_.size(), false);
-  for (int64_t id : capture.layers) keep[id] = true;
+  const int64_t last = LastLayerToRun(capture, need_top);
+  const std::vector<bool> keep = LayersToKeep(capture);
 
   at::Tensor h = at::embedding(embed_tokens_, input_ids.to(input_device_));  // [B, T, H]
   if (capture.embedding) captured->embedding = h;
@@ -315,10 +332,8 @@ std::vector<CapturedStates> DecoderModel::ForwardPacked(
   int64_t* p = ids.data_ptr<int64_t>();
   for (const auto& seq : sequences) p = std::copy(seq.begin(), seq.end(), p);
 
-  int64_t last = capture.final_norm ? num_layers() - 1 : -1;
-  for (int64_t id : capture.layers) last = std::max(last, id);
-  std::vector<bool> keep(layers_.size(), false);
-  for (int64_t id : capture.layers) keep[id] = true;
+  const int64_t last = LastLayerToRun(capture, capture.final_norm);
+  const std::vector<bool> keep = LayersToKeep(capture);
 
   CapturedStates packed;
   at::Tensor h = at::embedding(embed_tokens_, ids.to(input_device_));  // [1, N, H]
@@ -333,15 +348,8 @@ std::vector<CapturedStates> DecoderModel::ForwardPacked(
     if (h.device() != output_device_) h = h.to(output_device_);
     packed.final_norm = RmsNorm(h, norm_, config_.rms_norm_eps, final_norm_kind_);
   }
-  std::vector<CapturedStates> out(sequences.size());
-  for (size_t b = 0; b < segments.size(); ++b) {
-    auto rows = [&](const at::Tensor& t) {
-      return t.select(0, 0).narrow(0, segments[b].start, segments[b].length);
-    };
-    if (packed.embedding.defined()) out[b].embedding = rows(packed.embedding);
-    for (const auto& [id, t] : packed.layers) out[b].layers[id] = rows(t);
-    if (packed.final_norm.defined()) out[b].final_norm = rows(packed.final_norm);
-  }
+  std::vector<CapturedStates> out;
+  for (const PackedSegment& seg : segments) out.push_back(packed.Rows(0, seg.start, seg.length));
   return out;
 }
 

@@ -142,6 +142,9 @@ struct CapturedStates {
   at::Tensor embedding;                  // [B, T, hidden] when requested
   std::map<int64_t, at::Tensor> layers;  // layer id → [B, T, hidden]
   at::Tensor final_norm;                 // [B, T, hidden] when requested
+
+  // Rows [start, start + length) of batch row b of every tap: views, [length, hidden] each.
+  CapturedStates Rows(int64_t b, int64_t start, int64_t length) const;
 };
 
 enum class LogitsMode {
@@ -225,6 +228,11 @@ class DecoderModel {
   }
 
  private:
+  // The last layer a forward runs (every layer when the top is needed: final norm, logits, a
+  // cache), and which layers' outputs it captures.
+  int64_t LastLayerToRun(const CaptureSpec& capture, bool need_top) const;
+  std::vector<bool> LayersToKeep(const CaptureSpec& capture) const;
+
   ModelConfig config_;
   at::ScalarType dtype_;
   NormKind final_norm_kind_;

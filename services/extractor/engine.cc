@@ -150,12 +150,7 @@ void ForwardPadded(DecoderModel& model, const std::vector<std::vector<int64_t>>&
   model.Forward(ids, nullptr, capture, &captured, LogitsMode::kNone);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = static_cast<int64_t>(sequences[first + b].size());
-    auto rows = [&](const at::Tensor& full) { return full.select(0, b).narrow(0, 0, len); };
-    CapturedStates mine;
-    if (captured.embedding.defined()) mine.embedding = rows(captured.embedding);
-    for (const auto& [id, t] : captured.layers) mine.layers[id] = rows(t);
-    if (captured.final_norm.defined()) mine.final_norm = rows(captured.final_norm);
-    TakeStates(mine, out_dtype, out[first + b]);
+    TakeStates(captured.Rows(b, 0, len), out_dtype, out[first + b]);
   }
 }
 
