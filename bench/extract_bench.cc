@@ -9,14 +9,15 @@
 // layer of every decoder layer at the forward's shapes, dtype and threads, on weights of the same
 // shapes), back to back with the forward: GEMM time / forward time is how close the forward is to
 // the machine's GEMM rate (extract_vs_gemm_ratio; 1.0 is the limit). It also times every
-// attention layer's scaled_dot_product_attention alone at the forward's shapes (causal, per
-// sequence), so the rest (norms, rope, activations, copies, the recurrences of a hybrid) is
-// forward - GEMMs - attention.
+// attention layer's attention alone at the forward's shapes (causal, per sequence, the kernel
+// the forward runs: common/models/attention.h), so the rest (norms, rope, activations, copies,
+// the recurrences of a hybrid) is forward - GEMMs - attention.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -28,7 +29,9 @@
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
+#include "common/models/attention.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/loader.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 #include "services/extractor/engine.h"
@@ -44,6 +47,12 @@ ABSL_FLAG(int, batch, 1, "Sequences per forward.");
 ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
+ABSL_FLAG(std::string, attention_kernel, "auto",
+          "The targets' attention kernel: auto (each family's default: sdpa for the Qwen3.5 hybrid, "
+          "bit-identical to transformers on the CPU; flash for Llama/Qwen2/Qwen3), sdpa "
+          "(libtorch's scaled_dot_product_attention, what transformers runs) or flash (specwire's "
+          "AVX-512 kernel where the CPU has it: 2-3x faster attention in bf16, within rounding "
+          "of sdpa). The contract's kernel_variant names the one that ran.");
 ABSL_FLAG(std::string, batch_layout, "packed",
           "packed (the extractor's default) | per_sequence (each sequence its own forward) | "
           "padded.");
@@ -117,6 +126,9 @@ int main(int argc, char** argv) {
   LoadOptions load;
   load.dtype = *dtype;
   load.device_map = device;
+  auto attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention_kernel), "--attention_kernel");
+  if (!attention.ok()) return Fail(std::string(attention.status().message()));
+  load.attention = *attention;
   auto engine = ExtractionEngine::Load(model_dir, load);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   const ModelConfig& cfg = (*engine)->config();
@@ -202,11 +214,12 @@ int main(int argc, char** argv) {
         }
         SynchronizeDevice(dev);
         auto g1 = std::chrono::steady_clock::now();
+        const ForwardContext attention_ctx(0, T, *dtype);
+        const AttentionKernel kernel = ResolveAttentionKernel(cfg.family, load.attention);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
         for (int64_t s = 0; q.defined() && s < batch; ++s) {
           for (int64_t l = 0; l < attention_layers; ++l) {
-            at::Tensor o = at::scaled_dot_product_attention(
-                q, k, v, {}, 0.0, /*is_causal=*/T > 1, std::nullopt,
-                /*enable_gqa=*/cfg.num_heads != cfg.num_kv_heads);
+            at::Tensor o = CausalAttention(q, k, v, attention_ctx, nullptr, 0, scale, kernel);
           }
         }
         SynchronizeDevice(dev);
@@ -224,7 +237,10 @@ int main(int argc, char** argv) {
                            {"batch_layout", BatchLayoutName(*layout)},
                            {"times_s", times},
                            {"threads", at::get_num_threads()},
-                           {"cpu_binding", binding->ToString()}};
+                           {"cpu_binding", binding->ToString()},
+                           {"attention_kernel",
+                            AttentionKernelName(ResolveAttentionKernel(cfg.family, load.attention),
+                                                *dtype, dev)}};
     if (gemm) {
       line["gemm_times_s"] = gemm_times;
       line["attention_times_s"] = attention_times;

@@ -1,5 +1,8 @@
 #include "common/models/attention.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/models/flash_attention.h"
+
 namespace specwire {
 
 KvCache::KvCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
@@ -29,9 +32,27 @@ void GrowKv(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v, size_t layer
   }
 }
 
+absl::StatusOr<std::optional<AttentionKernel>> ParseAttentionKernel(absl::string_view value,
+                                                                    absl::string_view flag) {
+  if (value == "auto") return std::optional<AttentionKernel>();
+  if (value == "sdpa") return AttentionKernel::kSdpa;
+  if (value == "flash") return AttentionKernel::kFlashWhereAvailable;
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, "=", value, ": not an attention kernel (auto, sdpa, flash)"));
+}
+
+std::string AttentionKernelName(AttentionKernel kernel, at::ScalarType dtype,
+                                const at::Device& device) {
+  if (kernel == AttentionKernel::kFlashWhereAvailable && device.is_cpu()) {
+    std::string flash = CpuFlashAttentionKernel(dtype);
+    if (!flash.empty()) return flash;
+  }
+  return "sdpa";
+}
+
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                            const ForwardContext& ctx, KvCache* cache, int64_t sliding_window,
-                           double scale) {
+                           double scale, AttentionKernel kernel) {
   const int64_t past = ctx.past_len;
   const int64_t T = q.size(2);
   at::Tensor k = k_new, v = v_new;
@@ -44,6 +65,9 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_new, const a
     v = cache->v.narrow(2, 0, past + T);
   } else {
     TORCH_CHECK(past == 0, "a forward with past tokens needs a cache");
+  }
+  if (kernel == AttentionKernel::kFlashWhereAvailable && UseCpuFlashAttention(q)) {
+    return CpuFlashAttention(q, k, v, past, sliding_window, scale);  // [B, T, Hq * D]
   }
   const int64_t S = past + T;
   const bool window_binds = sliding_window > 0 && S > sliding_window;

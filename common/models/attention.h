@@ -4,8 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/models/decoder.h"
 
 namespace specwire {
@@ -26,12 +30,34 @@ void GrowKv(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v, size_t layer
             int64_t kv_heads, int64_t head_dim, int64_t keep, int64_t capacity,
             const at::TensorOptions& options);
 
+// Which softmax-attention kernel a caller runs.
+enum class AttentionKernel {
+  // libtorch's scaled_dot_product_attention: what transformers runs on the same inputs. The
+  // drafters' replays keep the reference loops' own arithmetic with it, and the Qwen3.5 hybrid,
+  // whose every other rounding point is transformers', stays bit-identical to transformers.
+  kSdpa,
+  // CpuFlashAttention (common/models/flash_attention.h) for calls of at least
+  // kMinFlashAttentionRows query rows on a CPU that has its instructions, SDPA otherwise: 2-3x
+  // faster attention in bf16, ~1.4x in fp32, within rounding of SDPA (not bit-identical).
+  kFlashWhereAvailable,
+};
+
+// --attention_kernel: "auto" (nullopt: each family's default, see BuildModel in loader.cc),
+// "sdpa" or "flash". INVALID_ARGUMENT naming `flag` otherwise.
+absl::StatusOr<std::optional<AttentionKernel>> ParseAttentionKernel(absl::string_view value,
+                                                                    absl::string_view flag);
+
+// The kernel a forward of `dtype` on `device` runs for its prefill-sized calls, as the contract's
+// kernel_variant names it: "sdpa", "flash avx512-bf16", "flash avx512-fp32".
+std::string AttentionKernelName(AttentionKernel kernel, at::ScalarType dtype,
+                                const at::Device& device);
+
 // q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] for the T new positions (already normed and rotated).
 // Appends k/v to `cache` at ctx.past_len when given and attends over [0, past_len + T) with causal
 // masking; `sliding_window` > 0 limits keys to the last `sliding_window` positions (inclusive of
 // the query's own). Returns [B, T, Hq * D].
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const ForwardContext& ctx, KvCache* cache, int64_t sliding_window,
-                           double scale);
+                           double scale, AttentionKernel kernel = AttentionKernel::kSdpa);
 
 }  // namespace specwire

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <mutex>
 
 #include "absl/strings/numbers.h"
@@ -81,7 +82,42 @@ void PinTeamMember(void* data) {
   PinCallingThread((*plan->cpus)[static_cast<size_t>(tid) % plan->cpus->size()]);
 }
 
+// One IntraOpForEach: the next index to hand out, and the first error.
+struct IndexLoop {
+  IndexLoop(int64_t n, absl::FunctionRef<void(int64_t)> fn) : n(n), fn(fn) {}
+  const int64_t n;
+  const absl::FunctionRef<void(int64_t)> fn;
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;  // under mu
+};
+
+void RunIndexLoop(void* data) {
+  auto* loop = static_cast<IndexLoop*>(data);
+  try {
+    for (int64_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) {
+      loop->fn(i);
+    }
+  } catch (...) {
+    loop->next.store(loop->n);  // the other threads stop at their next index
+    std::lock_guard<std::mutex> lock(loop->mu);
+    if (!loop->error) loop->error = std::current_exception();
+  }
+}
+
 }  // namespace
+
+void IntraOpForEach(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
+  if (n <= 0) return;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  if (threads <= 1 || !OpenMp().ok() || at::in_parallel_region()) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  IndexLoop loop(n, fn);
+  OpenMp().parallel(&RunIndexLoop, &loop, static_cast<unsigned>(threads), 0);
+  if (loop.error) std::rethrow_exception(loop.error);
+}
 
 std::string CpuBinding::ToString() const {
   return cpus.empty() ? "none" : absl::StrJoin(cpus, ",");

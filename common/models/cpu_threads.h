@@ -4,9 +4,11 @@
 // threads. The measured trade-off is in bench/extract_vs_vllm.py and the README.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -33,5 +35,14 @@ void SetCpuBinding(CpuBinding binding);
 // runs forwards has its own team) to the binding's CPUs. Idempotent per calling thread, cheap
 // after the first call: call it at the start of every forward entry point. A no-op when unbound.
 void BindIntraOpThreads();
+
+// Runs fn(i) for every i in [0, n) on the calling thread's intra-op team (torch's OpenMP
+// threads), each thread taking the next index as it becomes free: items of uneven cost, and
+// threads that share their core with another process, still finish together. Our own kernels use
+// this instead of at::parallel_for, whose parallel path is inline and exists only in translation
+// units compiled with -fopenmp (and a runtime of our own would be a second thread pool). Runs
+// serially with one intra-op thread, inside a parallel region, or without an OpenMP runtime. The
+// first exception an item throws is rethrown here once every thread has stopped.
+void IntraOpForEach(int64_t n, absl::FunctionRef<void(int64_t)> fn);
 
 }  // namespace specwire

@@ -1,7 +1,5 @@
 #include "common/models/decoder.h"
 
-#include <ATen/Parallel.h>
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -10,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/models/cpu_threads.h"
 #include "common/models/rope.h"
 
 namespace specwire {
@@ -139,9 +138,12 @@ void RmsNormRows(const T* x, const int64_t* row_offsets, const T* w, T* out, int
 #if defined(__x86_64__)
   if (HasAvx512Rows()) row = RmsNormRowAvx512<T>;
 #endif
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(dim);
-    for (int64_t r = begin; r < end; ++r)
+  constexpr int64_t kRowsPerItem = 16;
+  IntraOpForEach((rows + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item) {
+    thread_local std::vector<float> buf;
+    buf.resize(dim);
+    const int64_t end = std::min(rows, (item + 1) * kRowsPerItem);
+    for (int64_t r = item * kRowsPerItem; r < end; ++r)
       row(x + row_offsets[r], w, out + r * dim, dim, eps, buf.data());
   });
 }

@@ -8,7 +8,7 @@ namespace specwire {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t index,
                                      std::shared_ptr<const RotaryEmbedding> rope,
-                                     at::ScalarType dtype)
+                                     at::ScalarType dtype, AttentionKernel attention)
     : hidden_(c.hidden_size),
       heads_(c.num_heads),
       kv_heads_(c.num_kv_heads),
@@ -21,6 +21,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t index,
       mlp_bias_(c.mlp_bias),
       sliding_window_(c.layer_types[index] == LayerType::kSlidingAttention ? c.sliding_window : 0),
       dtype_(dtype),
+      attention_(attention),
       rope_(std::move(rope)) {}
 
 void LlamaDecoderLayer::ForEachWeight(const WeightVisitor& visit) {
@@ -73,7 +74,8 @@ std::unique_ptr<LayerCache> LlamaDecoderLayer::NewCache(int64_t batch, int64_t c
 }
 
 std::string LlamaDecoderLayer::KernelVariant() const {
-  return sliding_window_ > 0 ? "sdpa sliding-window" : "sdpa";
+  return AttentionKernelName(attention_, dtype_, device_) +
+         (sliding_window_ > 0 ? " sliding-window" : "");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> LlamaDecoderLayer::Project(
@@ -99,7 +101,8 @@ at::Tensor LlamaDecoderLayer::Attend(at::Tensor q, at::Tensor k, const at::Tenso
   q = RotaryEmbedding::Apply(q, cos, sin);
   k = RotaryEmbedding::Apply(k, cos, sin);
   return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), sliding_window_,
-                         1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq*D]
+                         1.0 / std::sqrt(static_cast<double>(head_dim_)),
+                         attention_);  // [B, T, Hq*D]
 }
 
 at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn,
@@ -155,11 +158,12 @@ at::Tensor LlamaDecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<
 }
 
 std::unique_ptr<DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,
-                                                    at::ScalarType dtype) {
+                                                    at::ScalarType dtype,
+                                                    AttentionKernel attention) {
   auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
   std::vector<std::unique_ptr<DecoderLayer>> layers;
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    layers.push_back(std::make_unique<LlamaDecoderLayer>(config, i, rope, dtype));
+    layers.push_back(std::make_unique<LlamaDecoderLayer>(config, i, rope, dtype, attention));
   }
   return std::make_unique<DecoderModel>(config, dtype, NormKind::kPlain, std::move(layers));
 }

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/models/attention.h"
 #include "common/models/decoder.h"
 #include "common/models/rope.h"
 
@@ -20,7 +21,8 @@ namespace specwire {
 class LlamaDecoderLayer : public DecoderLayer {
  public:
   LlamaDecoderLayer(const ModelConfig& config, int64_t index,
-                    std::shared_ptr<const RotaryEmbedding> rope, at::ScalarType dtype);
+                    std::shared_ptr<const RotaryEmbedding> rope, at::ScalarType dtype,
+                    AttentionKernel attention);
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) override;
   at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) override;
@@ -48,6 +50,7 @@ class LlamaDecoderLayer : public DecoderLayer {
   bool qk_norm_, qkv_bias_, o_bias_, mlp_bias_;
   int64_t sliding_window_;  // 0: full attention
   at::ScalarType dtype_;
+  AttentionKernel attention_;
   std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all layers
 
   // Checkpoint tensors (released after Prepare fuses them).
@@ -59,7 +62,8 @@ class LlamaDecoderLayer : public DecoderLayer {
 };
 
 // The whole model for config.family kLlama / kQwen2 / kQwen3.
-std::unique_ptr<class DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,
-                                                          at::ScalarType dtype);
+std::unique_ptr<class DecoderModel> BuildLlamaFamilyModel(
+    const ModelConfig& config, at::ScalarType dtype,
+    AttentionKernel attention = AttentionKernel::kFlashWhereAvailable);
 
 }  // namespace specwire

@@ -78,14 +78,16 @@ std::string ShapeString(const std::vector<int64_t>& s) {
 }
 
 absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
-                                                         at::ScalarType dtype) {
+                                                         at::ScalarType dtype,
+                                                         std::optional<AttentionKernel> attention) {
+  const AttentionKernel kernel = ResolveAttentionKernel(c.family, attention);
   switch (c.family) {
     case ModelFamily::kLlama:
     case ModelFamily::kQwen2:
     case ModelFamily::kQwen3:
-      return BuildLlamaFamilyModel(c, dtype);
+      return BuildLlamaFamilyModel(c, dtype, kernel);
     case ModelFamily::kQwen3_5:
-      return BuildQwen3_5Model(c, dtype);
+      return BuildQwen3_5Model(c, dtype, kernel);
   }
   return absl::UnimplementedError(
       absl::StrCat("architecture ", c.architecture, " has no implementation in this build"));
@@ -144,6 +146,20 @@ absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec
   return devices;
 }
 
+AttentionKernel ResolveAttentionKernel(ModelFamily family, std::optional<AttentionKernel> choice) {
+  if (choice.has_value()) return *choice;
+  // The Qwen3.5 hybrid keeps transformers' own kernel: with its unfused projections and
+  // transformers' rounding points everywhere else, its states are bit-identical to transformers'
+  // on the CPU, which a different kernel would end, and attention is a small part of its forward
+  // (three layers in twelve; the delta rule dominates). The dense families fuse q|k|v and
+  // gate|up (other GEMM shapes: in fp32 never bit-identical to transformers) and spend up to
+  // half of a long bf16 forward in attention, so they take the 2-3x faster kernel, whose bf16
+  // states are as far from fp32 as transformers' own (tests/parity/test_dense_parity.py checks
+  // both kernels); --attention_kernel sdpa keeps bf16 bit-identity where the rest allows it.
+  return family == ModelFamily::kQwen3_5 ? AttentionKernel::kSdpa
+                                         : AttentionKernel::kFlashWhereAvailable;
+}
+
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
                                                        const LoadOptions& options) {
   auto loaded = std::make_unique<LoadedModel>();
@@ -171,7 +187,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
   const bool vlm = vlm_tensors || config.vlm_packaged;
 
   absl::Status status = RunGuarded("loading " + dir, [&]() -> absl::Status {
-    SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype));
+    SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype, options.attention));
     DecoderModel& model = *loaded->model;
 
     std::set<std::string> consumed;

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "common/checkpoint.h"
 #include "common/contract.h"
 #include "common/model_config.h"
+#include "common/models/attention.h"
 #include "common/models/decoder.h"
 
 namespace specwire {
@@ -33,6 +35,10 @@ struct LoadOptions {
   // ExtractionEngine::Load runs the canary (CanaryTokens(vocab, n), every tap fingerprinted into
   // the contract) with this many tokens; 0: none. 80 crosses the linear-attention chunk (64).
   int64_t canary_tokens = 80;
+  // The targets' attention kernel (--attention_kernel); unset: the family's default
+  // (ResolveAttentionKernel, which says why): SDPA for the Qwen3.5 hybrid, flash where the CPU
+  // has it for the dense families.
+  std::optional<AttentionKernel> attention;
 };
 
 struct LoadedModel {
@@ -42,6 +48,9 @@ struct LoadedModel {
   ModelConfig config;
   ExtractionContract contract;
 };
+
+// The attention kernel a target of `family` runs for the choice (LoadOptions::attention).
+AttentionKernel ResolveAttentionKernel(ModelFamily family, std::optional<AttentionKernel> choice);
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
                                                        const LoadOptions& options);

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/model_config.h"
+#include "common/models/attention.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -203,7 +204,12 @@ TEST_F(LoaderTest, LoadsTiedQwen3AndStatesTheContract) {
   EXPECT_EQ(c.layer_types, std::vector<std::string>({"full_attention", "full_attention"}));
   EXPECT_EQ(c.compute_dtype, "float32");
   EXPECT_EQ(c.devices, std::vector<std::string>({"cpu", "cpu"}));
-  EXPECT_TRUE(absl::StartsWith(c.kernel_variant, "sdpa")) << c.kernel_variant;
+  // The attention kernel this machine runs for fp32 prefills, and the libtorch it runs on.
+  EXPECT_TRUE(absl::StartsWith(c.kernel_variant,
+                               absl::StrCat(AttentionKernelName(AttentionKernel::kFlashWhereAvailable,
+                                                                at::kFloat, at::kCPU),
+                                            " (libtorch ")))
+      << c.kernel_variant;
   EXPECT_TRUE(absl::StartsWith(c.weights_digest, "xxh3-128:")) << c.weights_digest;
   EXPECT_TRUE(c.tokenizer_digest.empty());
   EXPECT_FALSE(c.specwire_version.empty());

@@ -308,12 +308,13 @@ at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out,
 
 GatedAttentionLayer::GatedAttentionLayer(const ModelConfig& c,
                                          std::shared_ptr<const RotaryEmbedding> rope,
-                                         at::ScalarType dtype)
+                                         at::ScalarType dtype, AttentionKernel attention)
     : Qwen3_5DecoderLayer(c, dtype),
       heads_(c.num_heads),
       kv_heads_(c.num_kv_heads),
       head_dim_(c.head_dim),
       bias_(c.attention_bias),
+      attention_(attention),
       rope_(std::move(rope)) {}
 
 void GatedAttentionLayer::ForEachMixerWeight(const WeightVisitor& visit) {
@@ -337,6 +338,10 @@ void GatedAttentionLayer::PrepareMixer() {
        {&q_w_, &q_b_, &k_w_, &k_b_, &v_w_, &v_b_, &o_w_, &o_b_, &q_norm_, &k_norm_}) {
     if (t->defined()) *t = t->to(device_, dtype_).contiguous();
   }
+}
+
+std::string GatedAttentionLayer::KernelVariant() const {
+  return AttentionKernelName(attention_, dtype_, device_) + " gated";
 }
 
 std::unique_ptr<LayerCache> GatedAttentionLayer::NewCache(int64_t batch, int64_t capacity) const {
@@ -369,7 +374,8 @@ at::Tensor GatedAttentionLayer::Attend(at::Tensor q, at::Tensor k, const at::Ten
   q = RotaryEmbedding::Apply(q, cos, sin);
   k = RotaryEmbedding::Apply(k, cos, sin);
   return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), /*sliding_window=*/0,
-                         1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, T, Hq·D]
+                         1.0 / std::sqrt(static_cast<double>(head_dim_)),
+                         attention_);  // [B, T, Hq·D]
 }
 
 at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
@@ -545,7 +551,8 @@ at::Tensor GatedDeltaNetLayer::MixRows(const at::Tensor& n, const std::vector<De
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfig& config,
-                                                                at::ScalarType dtype) {
+                                                                at::ScalarType dtype,
+                                                                AttentionKernel attention) {
   auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
   std::vector<std::unique_ptr<DecoderLayer>> layers;
   for (int64_t i = 0; i < config.num_layers; ++i) {
@@ -554,7 +561,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfi
         layers.push_back(std::make_unique<GatedDeltaNetLayer>(config, dtype));
         break;
       case LayerType::kFullAttention:
-        layers.push_back(std::make_unique<GatedAttentionLayer>(config, rope, dtype));
+        layers.push_back(std::make_unique<GatedAttentionLayer>(config, rope, dtype, attention));
         break;
       case LayerType::kSlidingAttention:
         return absl::InvalidArgumentError(

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/models/attention.h"
 #include "common/models/decoder.h"
 #include "common/models/rope.h"
 
@@ -121,9 +122,9 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
 class GatedAttentionLayer : public Qwen3_5DecoderLayer {
  public:
   GatedAttentionLayer(const ModelConfig& config, std::shared_ptr<const RotaryEmbedding> rope,
-                      at::ScalarType dtype);
+                      at::ScalarType dtype, AttentionKernel attention);
   std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
-  std::string KernelVariant() const override { return "sdpa gated"; }
+  std::string KernelVariant() const override;
 
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
@@ -144,6 +145,7 @@ class GatedAttentionLayer : public Qwen3_5DecoderLayer {
 
   const int64_t heads_, kv_heads_, head_dim_;
   const bool bias_;
+  const AttentionKernel attention_;
   std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all attention layers
   at::Tensor q_w_, q_b_;                         // [2·Hq·D, hidden]: [query | gate] per head
   at::Tensor k_w_, k_b_, v_w_, v_b_;             // [Hkv·D, hidden]
@@ -193,7 +195,8 @@ class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
 
 // The whole model for config.family kQwen3_5. INVALID_ARGUMENT for a layer type the hybrid
 // architecture does not have (sliding_attention).
-absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfig& config,
-                                                                at::ScalarType dtype);
+absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(
+    const ModelConfig& config, at::ScalarType dtype,
+    AttentionKernel attention = AttentionKernel::kSdpa);
 
 }  // namespace specwire

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/model_config.h"
+#include "common/models/attention.h"
 #include "common/models/test_models.h"
 
 namespace specwire {
@@ -95,7 +96,13 @@ TEST(Qwen3_5Model, KernelVariants) {
   auto model = testing::RandomTinyHybrid();
   EXPECT_EQ(model->layer(0).KernelVariant(),
             "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode");
-  EXPECT_EQ(model->layer(3).KernelVariant(), "sdpa gated");
+  EXPECT_EQ(model->layer(3).KernelVariant(), "sdpa gated");  // the hybrid's default
+  auto flash = BuildQwen3_5Model(testing::TinyHybridConfig(), at::kFloat,
+                                 AttentionKernel::kFlashWhereAvailable);
+  ASSERT_TRUE(flash.ok()) << flash.status();  // layers start on the CPU
+  EXPECT_EQ((*flash)->layer(3).KernelVariant(),
+            AttentionKernelName(AttentionKernel::kFlashWhereAvailable, at::kFloat, at::kCPU) +
+                " gated");
 }
 
 // Prefill of n tokens, then single cached steps, equals one forward over all tokens; so does a
