@@ -7,7 +7,7 @@
 //
 // With --gemm, each repetition also times the forward's projection GEMMs alone (every linear
 // layer of every decoder layer at the forward's shapes, dtype and threads, on weights of the same
-// shapes), back to back with the forward: GEMM time / forward time is how close the forward is to
+// shapes, by the kernels the forward runs: common/models/linear.h), back to back with the forward: GEMM time / forward time is how close the forward is to
 // the machine's GEMM rate (extract_vs_gemm_ratio; 1.0 is the limit). It also times every
 // attention layer's attention alone at the forward's shapes (causal, per sequence, the kernel
 // the forward runs: common/models/attention.h), so the rest (norms, rope, activations, copies,
@@ -31,6 +31,7 @@
 #include "common/memory_policy.h"
 #include "common/models/attention.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/linear.h"
 #include "common/models/loader.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
@@ -47,12 +48,12 @@ ABSL_FLAG(int, batch, 1, "Sequences per forward.");
 ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, attention_kernel, "auto",
-          "The targets' attention kernel: auto (each family's default: sdpa for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; flash for Llama/Qwen2/Qwen3), sdpa "
-          "(libtorch's scaled_dot_product_attention, what transformers runs) or flash (specwire's "
-          "AVX-512 kernel where the CPU has it: 2-3x faster attention in bf16, within rounding "
-          "of sdpa). The contract's kernel_variant names the one that ran.");
+ABSL_FLAG(std::string, kernels, "auto",
+          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
+          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
+          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
+          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
+          "rounding of reference). The contract's kernel_variant names what ran.");
 ABSL_FLAG(std::string, batch_layout, "packed",
           "packed (the extractor's default) | per_sequence (each sequence its own forward) | "
           "padded.");
@@ -126,9 +127,9 @@ int main(int argc, char** argv) {
   LoadOptions load;
   load.dtype = *dtype;
   load.device_map = device;
-  auto attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention_kernel), "--attention_kernel");
-  if (!attention.ok()) return Fail(std::string(attention.status().message()));
-  load.attention = *attention;
+  auto kernels = ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels");
+  if (!kernels.ok()) return Fail(std::string(kernels.status().message()));
+  load.kernels = *kernels;
   auto engine = ExtractionEngine::Load(model_dir, load);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   const ModelConfig& cfg = (*engine)->config();
@@ -151,14 +152,17 @@ int main(int argc, char** argv) {
   if (!layout.ok()) return Fail(std::string(layout.status().message()));
   const bool gemm = absl::GetFlag(FLAGS_gemm);
   const at::Device dev = (*engine)->model().input_device();
-  // Weights of every GEMM shape the layers use (values do not change the speed).
-  std::vector<std::vector<at::Tensor>> gemm_weights;
+  // Products of every GEMM shape the layers use (values do not change the speed), run by the
+  // kernels the forward runs (the fast set's are oneDNN's on reordered weights).
+  const KernelSet kernel_set = ResolveKernelSet(cfg.family, load.kernels);
+  std::vector<std::vector<std::pair<int64_t, Linear>>> gemm_weights;  // (in_features, product)
   if (gemm) {
     const auto opts = at::TensorOptions().dtype(*dtype).device(dev);
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       gemm_weights.emplace_back();
       for (const auto& [out, in] : LayerGemms(cfg, cfg.layer_types[l])) {
-        gemm_weights.back().push_back(at::randn({out, in}, opts) * 0.02);
+        gemm_weights.back().emplace_back(in, Linear(at::randn({out, in}, opts) * 0.02, {},
+                                                    kernel_set));
       }
     }
   }
@@ -173,10 +177,10 @@ int main(int argc, char** argv) {
     const int64_t calls = *layout == BatchLayout::kPerSequence ? batch : 1;
     std::map<int64_t, at::Tensor> inputs;  // by in_features: [rows, in]
     for (const auto& layer : gemm_weights) {
-      for (const at::Tensor& w : layer) {
-        if (!inputs.count(w.size(1))) {
-          inputs[w.size(1)] = at::randn({(batch / calls) * T, w.size(1)},
-                                        at::TensorOptions().dtype(*dtype).device(dev));
+      for (const auto& [in, product] : layer) {
+        if (!inputs.count(in)) {
+          inputs[in] = at::randn({(batch / calls) * T, in},
+                                 at::TensorOptions().dtype(*dtype).device(dev));
         }
       }
     }
@@ -207,15 +211,15 @@ int main(int argc, char** argv) {
         auto g0 = std::chrono::steady_clock::now();
         for (int64_t k = 0; k < calls; ++k) {
           for (const auto& layer : gemm_weights) {
-            for (const at::Tensor& w : layer) {
-              at::Tensor y = at::linear(inputs.at(w.size(1)), w);
+            for (const auto& [in, product] : layer) {
+              at::Tensor y = product(inputs.at(in));
             }
           }
         }
         SynchronizeDevice(dev);
         auto g1 = std::chrono::steady_clock::now();
         const ForwardContext attention_ctx(0, T, *dtype);
-        const AttentionKernel kernel = ResolveAttentionKernel(cfg.family, load.attention);
+        const AttentionKernel kernel = AttentionKernelOf(kernel_set);
         const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
         for (int64_t s = 0; q.defined() && s < batch; ++s) {
           for (int64_t l = 0; l < attention_layers; ++l) {
@@ -239,8 +243,9 @@ int main(int argc, char** argv) {
                            {"threads", at::get_num_threads()},
                            {"cpu_binding", binding->ToString()},
                            {"attention_kernel",
-                            AttentionKernelName(ResolveAttentionKernel(cfg.family, load.attention),
-                                                *dtype, dev)}};
+                            AttentionKernelName(
+                                AttentionKernelOf(kernel_set), *dtype, dev)},
+                           {"kernels", KernelSetName(kernel_set)}};
     if (gemm) {
       line["gemm_times_s"] = gemm_times;
       line["attention_times_s"] = attention_times;

@@ -76,11 +76,14 @@ def time_hf(model, ids: torch.Tensor, reps: int, keep1: bool) -> list[float]:
     return times
 
 
+KERNELS = "auto"  # --kernels for every specwire run (main() sets it from the command line)
+
+
 def run_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int,
              batch: int = 1, layout: str = "packed", gemm: bool = False) -> dict:
     cmd = [str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens", str(seq_len),
            "--reps", str(reps), "--warmup", "1", "--threads", str(threads), "--batch", str(batch),
-           "--batch_layout", layout]
+           "--batch_layout", layout, "--kernels", KERNELS]
     if gemm:
         cmd.append("--gemm")
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -96,6 +99,8 @@ def main() -> int:
     ap.add_argument("--build-dir", default=os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build"))
     ap.add_argument("--cache-dir", default=REPO / "build" / "bench-models")
     ap.add_argument("--seq-lens", default="512,2048")
+    ap.add_argument("--kernels", default="auto",
+                    help="specwire's kernel set: auto (fast for this dense model), fast, reference")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per config")
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions per round")
@@ -105,12 +110,15 @@ def main() -> int:
                     help="sequence length of the layout comparison")
     args = ap.parse_args()
 
+    global KERNELS
+    KERNELS = args.kernels
     torch.set_num_threads(args.threads)
     exe = Path(args.build_dir) / "bench" / "specwire-bench-extract"
     path = build_model(Path(args.cache_dir))
     n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(path).parameters())
     print(f"model: qwen3 {n_params / 1e6:.0f}M params, threads={args.threads}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+          f"transformers {transformers.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
+          f"specwire --kernels {args.kernels}")
 
     rows, layouts = [], []
     for dtype_name in args.dtypes.split(","):

@@ -24,7 +24,11 @@ Allocator: specwire-bench-extract tunes glibc malloc as the extractor does (free
 reuse, common/models/torch_util.h KeepFreedMemoryForReuse); transformers runs with Python's
 defaults. --malloc-top-pad-mib gives every process a larger heap top pad to narrow that gap.
 
-Last line: hybrid_vs_hf_ratio=<median over configs of hf-keep1 time / specwire time>.
+specwire runs each kernel set of --kernels (default both: reference, the hybrid's default and
+bit-identical to transformers; fast, oneDNN products, specwire's attention and the fused delta
+rule). Lines at the end: hybrid_fast_extract_vs_gemm_ratio= and hybrid_fast_vs_hf_ratio= for the
+fast set, then hybrid_extract_vs_gemm_ratio= and, last, hybrid_vs_hf_ratio=<median over configs of
+hf-keep1 time / specwire time> for the default set.
 """
 from __future__ import annotations
 
@@ -123,20 +127,21 @@ def run_child(cmd: list[str]) -> tuple[str, float]:
     return "\n".join(lines), int(last.split("=")[1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
-def time_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int,
-              threads: int) -> tuple[list[float], float]:
+def time_ours(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int,
+              kernels: str) -> tuple[list[float], float]:
     stdout, peak = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens",
                               str(seq_len), "--reps", str(reps), "--warmup", "1", "--threads",
-                              str(threads)])
+                              str(threads), "--kernels", kernels])
     return json.loads(stdout.strip().splitlines()[-1])["times_s"], peak
 
 
-def gemm_ratio(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int) -> float:
+def gemm_ratio(exe: Path, path: Path, dtype: str, seq_len: int, reps: int, threads: int,
+               kernels: str) -> float:
     """The forward's projection GEMMs alone over the forward (specwire-bench-extract --gemm, a run
     of its own so that the GEMM weights do not count in the peak memory figures)."""
     stdout, _ = run_child([str(exe), "--model", str(path), "--dtype", dtype, "--seq_lens",
                            str(seq_len), "--reps", str(reps), "--warmup", "1", "--threads",
-                           str(threads), "--gemm"])
+                           str(threads), "--gemm", "--kernels", kernels])
     line = json.loads(stdout.strip().splitlines()[-1])
     return statistics.median(line["gemm_times_s"]) / statistics.median(line["times_s"])
 
@@ -166,6 +171,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions per round")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-memory", action="store_true", help="skip the hf peak-memory children")
+    ap.add_argument("--kernels", default="reference,fast",
+                    help="specwire's kernel sets to time, comma-separated (reference: the "
+                         "hybrid's default, bit-identical to transformers; fast)")
     ap.add_argument("--malloc-top-pad-mib", type=int, default=0,
                     help="run every process (hf here, specwire, the memory children) with glibc's "
                          "MALLOC_TOP_PAD_ = N MiB, so freed heap tops are kept instead of being "
@@ -208,11 +216,16 @@ def main() -> int:
         for seq_len in (int(s) for s in args.seq_lens.split(",")):
             ids = token_ids(seq_len)
             time_hf(model, ids, 1, keep1=True)  # warm-up
-            ours, hf, hf1, ours_peak = [], [], [], []
+            sets = args.kernels.split(",")
+            ours = {k: [] for k in sets}
+            ours_peak = {k: [] for k in sets}
+            hf, hf1 = [], []
             for _ in range(args.rounds):
-                times, peak = time_ours(exe, path, dtype_name, seq_len, args.reps, args.threads)
-                ours += times
-                ours_peak.append(peak)
+                for k in sets:
+                    times, peak = time_ours(exe, path, dtype_name, seq_len, args.reps,
+                                            args.threads, k)
+                    ours[k] += times
+                    ours_peak[k].append(peak)
                 hf += time_hf(model, ids, args.reps, keep1=False)
                 hf1 += time_hf(model, ids, args.reps, keep1=True)
             if args.no_memory:
@@ -220,26 +233,34 @@ def main() -> int:
             else:
                 hf_peak = hf_peak_mib(path, dtype_name, seq_len, False, args.threads)
                 hf1_peak = hf_peak_mib(path, dtype_name, seq_len, True, args.threads)
-            vs_gemm = gemm_ratio(exe, path, dtype_name, seq_len, args.reps, args.threads)
-            rows.append((dtype_name, seq_len, statistics.median(ours), statistics.median(hf),
-                         statistics.median(hf1), max(ours_peak), hf_peak, hf1_peak, vs_gemm))
-            print(f"  {dtype_name} {seq_len}: specwire {[round(t, 3) for t in ours]} s, "
-                  f"hf {[round(t, 3) for t in hf]} s, hf-keep1 {[round(t, 3) for t in hf1]} s",
-                  flush=True)
+            for k in sets:
+                vs_gemm = gemm_ratio(exe, path, dtype_name, seq_len, args.reps, args.threads, k)
+                rows.append((k, dtype_name, seq_len, statistics.median(ours[k]),
+                             statistics.median(hf), statistics.median(hf1), max(ours_peak[k]),
+                             hf_peak, hf1_peak, vs_gemm))
+                print(f"  {dtype_name} {seq_len}: specwire --kernels {k} "
+                      f"{[round(t, 3) for t in ours[k]]} s", flush=True)
+            print(f"  {dtype_name} {seq_len}: hf {[round(t, 3) for t in hf]} s, "
+                  f"hf-keep1 {[round(t, 3) for t in hf1]} s", flush=True)
         del model
 
-    print(f"\n{'dtype':<9} {'tokens':>6} {'specwire tok/s':>15} {'hf tok/s':>10} {'hf-keep1 tok/s':>15} "
-          f"{'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8} {'specwire MiB':>13} {'hf MiB':>8} "
-          f"{'hf-keep1 MiB':>13}")
-    ratios, gemm_ratios = [], []
-    for dtype_name, seq_len, t_ours, t_hf, t_hf1, m_ours, m_hf, m_hf1, vs_gemm in rows:
-        ratios.append(t_hf1 / t_ours)
-        gemm_ratios.append(vs_gemm)
-        print(f"{dtype_name:<9} {seq_len:>6} {seq_len / t_ours:>15.0f} {seq_len / t_hf:>10.0f} "
-              f"{seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} {t_hf1 / t_ours:>9.2f} "
-              f"{vs_gemm:>8.2f} {m_ours:>13.0f} {m_hf:>8.0f} {m_hf1:>13.0f}")
-    print(f"hybrid_extract_vs_gemm_ratio={statistics.median(gemm_ratios):.2f}")
-    print(f"hybrid_vs_hf_ratio={statistics.median(ratios):.2f}")
+    print(f"\n{'kernels':<10} {'dtype':<9} {'tokens':>6} {'specwire tok/s':>15} {'hf tok/s':>10} "
+          f"{'hf-keep1 tok/s':>15} {'vs hf':>7} {'vs keep1':>9} {'vs gemm':>8} "
+          f"{'specwire MiB':>13} {'hf MiB':>8} {'hf-keep1 MiB':>13}")
+    ratios: dict[str, list[float]] = {}
+    gemm_ratios: dict[str, list[float]] = {}
+    for k, dtype_name, seq_len, t_ours, t_hf, t_hf1, m_ours, m_hf, m_hf1, vs_gemm in rows:
+        ratios.setdefault(k, []).append(t_hf1 / t_ours)
+        gemm_ratios.setdefault(k, []).append(vs_gemm)
+        print(f"{k:<10} {dtype_name:<9} {seq_len:>6} {seq_len / t_ours:>15.0f} "
+              f"{seq_len / t_hf:>10.0f} {seq_len / t_hf1:>15.0f} {t_hf / t_ours:>7.2f} "
+              f"{t_hf1 / t_ours:>9.2f} {vs_gemm:>8.2f} {m_ours:>13.0f} {m_hf:>8.0f} "
+              f"{m_hf1:>13.0f}")
+    # The sets other than the hybrid's default first; the default's lines last.
+    for k in sorted(ratios, key=lambda k: k in ("reference", "auto")):
+        prefix = "hybrid" if k in ("reference", "auto") else f"hybrid_{k}"
+        print(f"{prefix}_extract_vs_gemm_ratio={statistics.median(gemm_ratios[k]):.2f}")
+        print(f"{prefix}_vs_hf_ratio={statistics.median(ratios[k]):.2f}")
     return 0
 
 

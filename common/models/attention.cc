@@ -1,6 +1,5 @@
 #include "common/models/attention.h"
 
-#include "absl/strings/str_cat.h"
 #include "common/models/flash_attention.h"
 
 namespace specwire {
@@ -30,15 +29,6 @@ void GrowKv(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v, size_t layer
       v.push_back(nv);
     }
   }
-}
-
-absl::StatusOr<std::optional<AttentionKernel>> ParseAttentionKernel(absl::string_view value,
-                                                                    absl::string_view flag) {
-  if (value == "auto") return std::optional<AttentionKernel>();
-  if (value == "sdpa") return AttentionKernel::kSdpa;
-  if (value == "flash") return AttentionKernel::kFlashWhereAvailable;
-  return absl::InvalidArgumentError(
-      absl::StrCat(flag, "=", value, ": not an attention kernel (auto, sdpa, flash)"));
 }
 
 std::string AttentionKernelName(AttentionKernel kernel, at::ScalarType dtype,

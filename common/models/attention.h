@@ -4,13 +4,11 @@
 
 #include <ATen/ATen.h>
 
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "common/models/decoder.h"
+#include "common/models/kernel_set.h"
 
 namespace specwire {
 
@@ -42,10 +40,10 @@ enum class AttentionKernel {
   kFlashWhereAvailable,
 };
 
-// --attention_kernel: "auto" (nullopt: each family's default, see BuildModel in loader.cc),
-// "sdpa" or "flash". INVALID_ARGUMENT naming `flag` otherwise.
-absl::StatusOr<std::optional<AttentionKernel>> ParseAttentionKernel(absl::string_view value,
-                                                                    absl::string_view flag);
+// The attention kernel of a kernel set (common/models/kernel_set.h).
+inline AttentionKernel AttentionKernelOf(KernelSet kernels) {
+  return kernels == KernelSet::kFast ? AttentionKernel::kFlashWhereAvailable : AttentionKernel::kSdpa;
+}
 
 // The kernel a forward of `dtype` on `device` runs for its prefill-sized calls, as the contract's
 // kernel_variant names it: "sdpa", "flash avx512-bf16", "flash avx512-fp32".

@@ -187,12 +187,13 @@ at::Tensor RmsNormFused(const at::Tensor& x, const at::Tensor& w, double eps) {
 }
 
 DecoderModel::DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,
-                           std::vector<std::unique_ptr<DecoderLayer>> layers)
+                           std::vector<std::unique_ptr<DecoderLayer>> layers, KernelSet kernels)
     : config_(std::move(config)),
       dtype_(dtype),
       final_norm_kind_(final_norm_kind),
       tied_(config_.tie_word_embeddings),
-      layers_(std::move(layers)) {}
+      layers_(std::move(layers)),
+      kernels_(kernels) {}
 
 void DecoderModel::ForEachWeight(const WeightVisitor& visit) {
   const int64_t V = config_.vocab_size, H = config_.hidden_size;
@@ -222,6 +223,7 @@ void DecoderModel::Prepare(const std::vector<at::Device>& layer_devices) {
     tied_ = false;
   }
   for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->Prepare(layer_devices[i]);
+  logits_ = Linear(lm_head(), {}, kernels_);
 }
 
 std::unique_ptr<ModelCache> DecoderModel::NewCache(int64_t batch, int64_t capacity) const {
@@ -289,8 +291,8 @@ at::Tensor DecoderModel::Forward(const at::Tensor& input_ids, ModelCache* cache,
   if (capture.final_norm) captured->final_norm = normed;
   switch (mode) {
     case LogitsMode::kNone: return at::Tensor();
-    case LogitsMode::kLast: return at::linear(normed.select(1, normed.size(1) - 1), lm_head());
-    case LogitsMode::kAll: return at::linear(normed, lm_head());
+    case LogitsMode::kLast: return logits_(normed.select(1, normed.size(1) - 1));
+    case LogitsMode::kAll: return logits_(normed);
   }
   return at::Tensor();
 }
@@ -391,7 +393,7 @@ at::Tensor DecoderModel::DecodeStep(const std::vector<int64_t>& tokens,
   for (ModelCache* c : caches) c->length += 1;
   if (h.device() != output_device_) h = h.to(output_device_);
   at::Tensor normed = RmsNorm(h.select(1, 0), norm_, config_.rms_norm_eps, final_norm_kind_);
-  return at::linear(normed, lm_head()).narrow(0, 0, N);
+  return logits_(normed).narrow(0, 0, N);
 }
 
 }  // namespace specwire

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "common/models/kernel_set.h"
+#include "common/models/linear.h"
 
 namespace specwire {
 
@@ -171,8 +173,10 @@ at::Tensor RmsNormFused(const at::Tensor& x, const at::Tensor& w, double eps);
 
 class DecoderModel {
  public:
+  // `kernels` runs the logits product (the layers take theirs from their builder).
   DecoderModel(ModelConfig config, at::ScalarType dtype, NormKind final_norm_kind,
-               std::vector<std::unique_ptr<DecoderLayer>> layers);
+               std::vector<std::unique_ptr<DecoderLayer>> layers,
+               KernelSet kernels = KernelSet::kReference);
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -241,6 +245,11 @@ class DecoderModel {
   at::Tensor embed_tokens_;  // [vocab, hidden]
   at::Tensor norm_;          // [hidden]
   at::Tensor lm_head_;       // [vocab, hidden], undefined when tied
+  KernelSet kernels_;
+  // The logits product over lm_head(). With fast kernels on the CPU it holds lm_head in oneDNN's
+  // layout: a second copy of [vocab, hidden], which decoding pays back (its 8-row products run
+  // ~3x faster in fp32); lm_head() stays for embedding lookups and drafters' heads.
+  Linear logits_;
   at::Device input_device_ = at::kCPU;
   at::Device output_device_ = at::kCPU;
 };

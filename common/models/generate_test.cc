@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -43,7 +44,9 @@ ModelConfig TinyConfig(const std::string& eos) {
 // A model whose greedy continuation of token i is (i + 1) mod 16, through the real layers and KV
 // cache: the embedding is one-hot, o_proj and down_proj are zero (each layer is then exactly the
 // identity on the residual stream), and lm_head maps the normed one-hot of i onto row i + 1.
-std::unique_ptr<DecoderModel> SuccessorModel(const std::string& eos = "") {
+// `edit_head` changes lm_head before Prepare (the products own copies of their weights after it).
+std::unique_ptr<DecoderModel> SuccessorModel(
+    const std::string& eos = "", const std::function<void(at::Tensor&)>& edit_head = {}) {
   auto model = BuildLlamaFamilyModel(TinyConfig(eos), at::kFloat);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
   model->ForEachWeight([&](const WeightSlot& s) {
@@ -52,6 +55,7 @@ std::unique_ptr<DecoderModel> SuccessorModel(const std::string& eos = "") {
       t = at::eye(kVocab);
     } else if (s.name == "lm_head.weight") {
       t = at::roll(at::eye(kVocab), 1, 0);  // row (i + 1) % V is e_i
+      if (edit_head) edit_head(t);
     } else if (absl::StrContains(s.name, "o_proj") || absl::StrContains(s.name, "down_proj")) {
       t = at::zeros(s.shape);
     } else if (s.shape.size() == 1) {
@@ -192,9 +196,7 @@ TEST(GreedyGenerateTest, InvalidInput) {
 TEST(GreedyGenerateTest, TiesGoToTheLowestTokenId) {
   // Make token 0's logit equal to the successor's after token 4: argmax picks the first maximum,
   // as torch.argmax does in transformers.
-  auto model = SuccessorModel();
-  at::Tensor head = model->lm_head();
-  head[0][4] = 1.0;
+  auto model = SuccessorModel("", [](at::Tensor& head) { head[0][4] = 1.0; });
   const std::vector<int64_t> prompt = {3};
   auto r = GreedyGenerate(*model, prompt, Options(3));
   ASSERT_TRUE(r.ok()) << r.status();

@@ -8,7 +8,7 @@ namespace specwire {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t index,
                                      std::shared_ptr<const RotaryEmbedding> rope,
-                                     at::ScalarType dtype, AttentionKernel attention)
+                                     at::ScalarType dtype, KernelSet kernels)
     : hidden_(c.hidden_size),
       heads_(c.num_heads),
       kv_heads_(c.num_kv_heads),
@@ -21,7 +21,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t index,
       mlp_bias_(c.mlp_bias),
       sliding_window_(c.layer_types[index] == LayerType::kSlidingAttention ? c.sliding_window : 0),
       dtype_(dtype),
-      attention_(attention),
+      kernels_(kernels),
       rope_(std::move(rope)) {}
 
 void LlamaDecoderLayer::ForEachWeight(const WeightVisitor& visit) {
@@ -59,14 +59,19 @@ void LlamaDecoderLayer::Prepare(const at::Device& device) {
   };
   // One GEMM for q, k and v, and one for gate and up: fewer passes over the activations and
   // larger, more efficient matrix products. Rows are concatenated, so outputs are [q | k | v].
-  qkv_w_ = at::cat({q_w_, k_w_, v_w_}, 0).to(device, dtype_);
-  if (qkv_bias_) qkv_b_ = at::cat({q_b_, k_b_, v_b_}, 0).to(device, dtype_);
-  gate_up_w_ = at::cat({gate_w_, up_w_}, 0).to(device, dtype_);
-  if (mlp_bias_) gate_up_b_ = at::cat({gate_b_, up_b_}, 0).to(device, dtype_);
-  q_w_ = k_w_ = v_w_ = q_b_ = k_b_ = v_b_ = gate_w_ = up_w_ = gate_b_ = up_b_ = at::Tensor();
+  auto fused = [&](std::initializer_list<at::Tensor> parts) {
+    return parts.begin()->defined() ? at::cat(parts, 0).to(device, dtype_) : at::Tensor();
+  };
   for (at::Tensor* t : {&input_norm_, &post_norm_, &q_norm_, &k_norm_, &o_w_, &o_b_, &down_w_, &down_b_}) {
     to_dev(*t);
   }
+  qkv_ = Linear(fused({q_w_, k_w_, v_w_}), fused({q_b_, k_b_, v_b_}), kernels_);
+  gate_up_ = Linear(fused({gate_w_, up_w_}), fused({gate_b_, up_b_}), kernels_);
+  o_ = Linear(o_w_, o_b_, kernels_);
+  down_ = Linear(down_w_, down_b_, kernels_);
+  // The products own what they multiply by; the checkpoint's tensors are released.
+  q_w_ = k_w_ = v_w_ = q_b_ = k_b_ = v_b_ = gate_w_ = up_w_ = gate_b_ = up_b_ = at::Tensor();
+  o_w_ = o_b_ = down_w_ = down_b_ = at::Tensor();
 }
 
 std::unique_ptr<LayerCache> LlamaDecoderLayer::NewCache(int64_t batch, int64_t capacity) const {
@@ -74,15 +79,16 @@ std::unique_ptr<LayerCache> LlamaDecoderLayer::NewCache(int64_t batch, int64_t c
 }
 
 std::string LlamaDecoderLayer::KernelVariant() const {
-  return AttentionKernelName(attention_, dtype_, device_) +
-         (sliding_window_ > 0 ? " sliding-window" : "");
+  return AttentionKernelName(AttentionKernelOf(kernels_), dtype_, device_) +
+         (sliding_window_ > 0 ? " sliding-window" : "") +
+         LinearKernelSuffix(kernels_, dtype_, device_);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> LlamaDecoderLayer::Project(
     const at::Tensor& h) const {
   const int64_t B = h.size(0), T = h.size(1);
   at::Tensor n = RmsNormFused(h, input_norm_, eps_);  // [B, T, H]
-  at::Tensor qkv = at::linear(n, qkv_w_, qkv_b_);     // [B, T, (Hq+2Hkv)*D]
+  at::Tensor qkv = qkv_(n);                         // [B, T, (Hq+2Hkv)*D]
   const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
   at::Tensor q = qkv.narrow(-1, 0, q_out).view({B, T, heads_, head_dim_});
   at::Tensor k = qkv.narrow(-1, q_out, kv_out).view({B, T, kv_heads_, head_dim_});
@@ -102,16 +108,16 @@ at::Tensor LlamaDecoderLayer::Attend(at::Tensor q, at::Tensor k, const at::Tenso
   k = RotaryEmbedding::Apply(k, cos, sin);
   return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), sliding_window_,
                          1.0 / std::sqrt(static_cast<double>(head_dim_)),
-                         attention_);  // [B, T, Hq*D]
+                         AttentionKernelOf(kernels_));  // [B, T, Hq*D]
 }
 
 at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn,
                                      const std::vector<PackedSegment>* segments) const {
-  at::Tensor out = h + at::linear(attn, o_w_, o_b_);  // a new tensor: `h` may be a captured state
+  at::Tensor out = h + o_(attn);  // a new tensor: `h` may be a captured state
 
   // --- MLP block ---
   at::Tensor m = RmsNormFused(out, post_norm_, eps_);
-  at::Tensor gu = at::linear(m, gate_up_w_, gate_up_b_);  // [B, T, 2I]
+  at::Tensor gu = gate_up_(m);  // [B, T, 2I]
   // silu(gate) * up, written in place over the gate half (same roundings as two out-of-place
   // ops); down_proj reads it through its row stride, without a copy. Packed, per segment: where
   // a multi-threaded elementwise loop splits its range (and which elements take the scalar tail
@@ -123,7 +129,7 @@ at::Tensor LlamaDecoderLayer::Finish(const at::Tensor& h, const at::Tensor& attn
     at::silu_(a);
     a.mul_(up.narrow(1, start, len));
   });
-  out.add_(at::linear(act, down_w_, down_b_));
+  out.add_(down_(act));
   return out;
 }
 
@@ -159,13 +165,14 @@ at::Tensor LlamaDecoderLayer::DecodeRows(const at::Tensor& h, const std::vector<
 
 std::unique_ptr<DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,
                                                     at::ScalarType dtype,
-                                                    AttentionKernel attention) {
+                                                    KernelSet kernels) {
   auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
   std::vector<std::unique_ptr<DecoderLayer>> layers;
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    layers.push_back(std::make_unique<LlamaDecoderLayer>(config, i, rope, dtype, attention));
+    layers.push_back(std::make_unique<LlamaDecoderLayer>(config, i, rope, dtype, kernels));
   }
-  return std::make_unique<DecoderModel>(config, dtype, NormKind::kPlain, std::move(layers));
+  return std::make_unique<DecoderModel>(config, dtype, NormKind::kPlain, std::move(layers),
+                                        kernels);
 }
 
 }  // namespace specwire

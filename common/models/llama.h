@@ -14,6 +14,8 @@
 
 #include "common/models/attention.h"
 #include "common/models/decoder.h"
+#include "common/models/kernel_set.h"
+#include "common/models/linear.h"
 #include "common/models/rope.h"
 
 namespace specwire {
@@ -22,7 +24,7 @@ class LlamaDecoderLayer : public DecoderLayer {
  public:
   LlamaDecoderLayer(const ModelConfig& config, int64_t index,
                     std::shared_ptr<const RotaryEmbedding> rope, at::ScalarType dtype,
-                    AttentionKernel attention);
+                    KernelSet kernels);
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) override;
   at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) override;
@@ -50,20 +52,20 @@ class LlamaDecoderLayer : public DecoderLayer {
   bool qk_norm_, qkv_bias_, o_bias_, mlp_bias_;
   int64_t sliding_window_;  // 0: full attention
   at::ScalarType dtype_;
-  AttentionKernel attention_;
+  KernelSet kernels_;
   std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all layers
 
   // Checkpoint tensors (released after Prepare fuses them).
   at::Tensor input_norm_, post_norm_, q_norm_, k_norm_;
   at::Tensor q_w_, k_w_, v_w_, o_w_, q_b_, k_b_, v_b_, o_b_;
   at::Tensor gate_w_, up_w_, down_w_, gate_b_, up_b_, down_b_;
-  // Fused for one GEMM each: [q; k; v] and [gate; up] along the output dimension.
-  at::Tensor qkv_w_, qkv_b_, gate_up_w_, gate_up_b_;
+  // The products Prepare builds (q|k|v and gate|up fused, one GEMM each).
+  Linear qkv_, o_, gate_up_, down_;
 };
 
 // The whole model for config.family kLlama / kQwen2 / kQwen3.
-std::unique_ptr<class DecoderModel> BuildLlamaFamilyModel(
-    const ModelConfig& config, at::ScalarType dtype,
-    AttentionKernel attention = AttentionKernel::kFlashWhereAvailable);
+std::unique_ptr<class DecoderModel> BuildLlamaFamilyModel(const ModelConfig& config,
+                                                          at::ScalarType dtype,
+                                                          KernelSet kernels = KernelSet::kFast);
 
 }  // namespace specwire

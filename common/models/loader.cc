@@ -79,15 +79,15 @@ std::string ShapeString(const std::vector<int64_t>& s) {
 
 absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
                                                          at::ScalarType dtype,
-                                                         std::optional<AttentionKernel> attention) {
-  const AttentionKernel kernel = ResolveAttentionKernel(c.family, attention);
+                                                         std::optional<KernelSet> choice) {
+  const KernelSet kernels = ResolveKernelSet(c.family, choice);
   switch (c.family) {
     case ModelFamily::kLlama:
     case ModelFamily::kQwen2:
     case ModelFamily::kQwen3:
-      return BuildLlamaFamilyModel(c, dtype, kernel);
+      return BuildLlamaFamilyModel(c, dtype, kernels);
     case ModelFamily::kQwen3_5:
-      return BuildQwen3_5Model(c, dtype, kernel);
+      return BuildQwen3_5Model(c, dtype, kernels);
   }
   return absl::UnimplementedError(
       absl::StrCat("architecture ", c.architecture, " has no implementation in this build"));
@@ -146,18 +146,15 @@ absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec
   return devices;
 }
 
-AttentionKernel ResolveAttentionKernel(ModelFamily family, std::optional<AttentionKernel> choice) {
+KernelSet ResolveKernelSet(ModelFamily family, std::optional<KernelSet> choice) {
   if (choice.has_value()) return *choice;
-  // The Qwen3.5 hybrid keeps transformers' own kernel: with its unfused projections and
+  // The Qwen3.5 hybrid keeps transformers' own kernels: with its unfused projections and
   // transformers' rounding points everywhere else, its states are bit-identical to transformers'
-  // on the CPU, which a different kernel would end, and attention is a small part of its forward
-  // (three layers in twelve; the delta rule dominates). The dense families fuse q|k|v and
-  // gate|up (other GEMM shapes: in fp32 never bit-identical to transformers) and spend up to
-  // half of a long bf16 forward in attention, so they take the 2-3x faster kernel, whose bf16
-  // states are as far from fp32 as transformers' own (tests/parity/test_dense_parity.py checks
-  // both kernels); --attention_kernel sdpa keeps bf16 bit-identity where the rest allows it.
-  return family == ModelFamily::kQwen3_5 ? AttentionKernel::kSdpa
-                                         : AttentionKernel::kFlashWhereAvailable;
+  // on the CPU, which other kernels would end. The dense families fuse q|k|v and gate|up (other
+  // GEMM shapes: in fp32 never bit-identical to transformers), so they take the fast set, whose
+  // states are as far from the fp32 forward as transformers' own (tests/parity checks both
+  // sets); --kernels reference keeps bf16 bit-identity where the rest of the path allows it.
+  return family == ModelFamily::kQwen3_5 ? KernelSet::kReference : KernelSet::kFast;
 }
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
@@ -187,7 +184,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
   const bool vlm = vlm_tensors || config.vlm_packaged;
 
   absl::Status status = RunGuarded("loading " + dir, [&]() -> absl::Status {
-    SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype, options.attention));
+    SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype, options.kernels));
     DecoderModel& model = *loaded->model;
 
     std::set<std::string> consumed;

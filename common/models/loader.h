@@ -19,8 +19,8 @@
 #include "common/checkpoint.h"
 #include "common/contract.h"
 #include "common/model_config.h"
-#include "common/models/attention.h"
 #include "common/models/decoder.h"
+#include "common/models/kernel_set.h"
 
 namespace specwire {
 
@@ -35,10 +35,10 @@ struct LoadOptions {
   // ExtractionEngine::Load runs the canary (CanaryTokens(vocab, n), every tap fingerprinted into
   // the contract) with this many tokens; 0: none. 80 crosses the linear-attention chunk (64).
   int64_t canary_tokens = 80;
-  // The targets' attention kernel (--attention_kernel); unset: the family's default
-  // (ResolveAttentionKernel, which says why): SDPA for the Qwen3.5 hybrid, flash where the CPU
-  // has it for the dense families.
-  std::optional<AttentionKernel> attention;
+  // The targets' kernels (--kernels, common/models/kernel_set.h); unset: the family's default
+  // (ResolveKernelSet, which says why): reference for the Qwen3.5 hybrid, fast for the dense
+  // families.
+  std::optional<KernelSet> kernels;
 };
 
 struct LoadedModel {
@@ -49,8 +49,8 @@ struct LoadedModel {
   ExtractionContract contract;
 };
 
-// The attention kernel a target of `family` runs for the choice (LoadOptions::attention).
-AttentionKernel ResolveAttentionKernel(ModelFamily family, std::optional<AttentionKernel> choice);
+// The kernels a target of `family` runs for the choice (LoadOptions::kernels).
+KernelSet ResolveKernelSet(ModelFamily family, std::optional<KernelSet> choice);
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
                                                        const LoadOptions& options);

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "common/model_config.h"
 #include "common/models/attention.h"
+#include "common/models/linear.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -204,12 +205,13 @@ TEST_F(LoaderTest, LoadsTiedQwen3AndStatesTheContract) {
   EXPECT_EQ(c.layer_types, std::vector<std::string>({"full_attention", "full_attention"}));
   EXPECT_EQ(c.compute_dtype, "float32");
   EXPECT_EQ(c.devices, std::vector<std::string>({"cpu", "cpu"}));
-  // The attention kernel this machine runs for fp32 prefills, and the libtorch it runs on.
-  EXPECT_TRUE(absl::StartsWith(c.kernel_variant,
-                               absl::StrCat(AttentionKernelName(AttentionKernel::kFlashWhereAvailable,
-                                                                at::kFloat, at::kCPU),
-                                            " (libtorch ")))
+  // The kernels this machine runs for a dense fp32 target (the fast set, its default), and the
+  // libtorch they run on.
+  EXPECT_EQ(c.kernel_variant.substr(0, c.kernel_variant.find(" (libtorch ")),
+            AttentionKernelName(AttentionKernel::kFlashWhereAvailable, at::kFloat, at::kCPU) +
+                LinearKernelSuffix(KernelSet::kFast, at::kFloat, at::kCPU))
       << c.kernel_variant;
+  EXPECT_NE(c.kernel_variant.find(" (libtorch "), std::string::npos) << c.kernel_variant;
   EXPECT_TRUE(absl::StartsWith(c.weights_digest, "xxh3-128:")) << c.weights_digest;
   EXPECT_TRUE(c.tokenizer_digest.empty());
   EXPECT_FALSE(c.specwire_version.empty());

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/models/attention.h"
+#include "common/models/delta_rule_fused.h"
 
 namespace specwire {
 namespace {
@@ -245,10 +246,12 @@ GatedDeltaNetCache::GatedDeltaNetCache(int64_t batch, int64_t conv_dim, int64_t 
 // ---------------------------------------------------------------------------------------------
 // Shared layer structure
 
-Qwen3_5DecoderLayer::Qwen3_5DecoderLayer(const ModelConfig& c, at::ScalarType dtype)
+Qwen3_5DecoderLayer::Qwen3_5DecoderLayer(const ModelConfig& c, at::ScalarType dtype,
+                                         KernelSet kernels)
     : hidden_(c.hidden_size),
       eps_(c.rms_norm_eps),
       dtype_(dtype),
+      kernels_(kernels),
       intermediate_(c.intermediate_size) {}
 
 // Every weight, the GDN's A_log, dt_bias and norm included, is loaded in the compute dtype:
@@ -268,6 +271,10 @@ void Qwen3_5DecoderLayer::Prepare(const at::Device& device) {
   for (at::Tensor* t : {&input_norm_, &post_norm_, &gate_w_, &up_w_, &down_w_}) {
     *t = t->to(device, dtype_).contiguous();
   }
+  gate_ = Linear(gate_w_, {}, kernels_);
+  up_ = Linear(up_w_, {}, kernels_);
+  down_ = Linear(down_w_, {}, kernels_);
+  gate_w_ = up_w_ = down_w_ = at::Tensor();  // the products own what they multiply by
   PrepareMixer();
 }
 
@@ -293,13 +300,13 @@ at::Tensor Qwen3_5DecoderLayer::ForwardPacked(const at::Tensor& h,
 at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out,
                                     const std::vector<PackedSegment>* segments) const {
   at::Tensor m = RmsNorm(out, post_norm_, eps_, NormKind::kOnePlusWeight);
-  at::Tensor act = at::linear(m, gate_w_);  // [B, T, I]
-  at::Tensor up = at::linear(m, up_w_);
+  at::Tensor act = gate_(m);  // [B, T, I]
+  at::Tensor up = up_(m);
   ForEachRowRange(segments, act.size(1), [&](int64_t start, int64_t len) {
     at::Tensor a = act.narrow(1, start, len);
     at::silu_(a).mul_(up.narrow(1, start, len));  // silu(gate) · up, in place
   });
-  out.add_(at::linear(act, down_w_));
+  out.add_(down_(act));
   return out;
 }
 
@@ -308,13 +315,12 @@ at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out,
 
 GatedAttentionLayer::GatedAttentionLayer(const ModelConfig& c,
                                          std::shared_ptr<const RotaryEmbedding> rope,
-                                         at::ScalarType dtype, AttentionKernel attention)
-    : Qwen3_5DecoderLayer(c, dtype),
+                                         at::ScalarType dtype, KernelSet kernels)
+    : Qwen3_5DecoderLayer(c, dtype, kernels),
       heads_(c.num_heads),
       kv_heads_(c.num_kv_heads),
       head_dim_(c.head_dim),
       bias_(c.attention_bias),
-      attention_(attention),
       rope_(std::move(rope)) {}
 
 void GatedAttentionLayer::ForEachMixerWeight(const WeightVisitor& visit) {
@@ -338,10 +344,16 @@ void GatedAttentionLayer::PrepareMixer() {
        {&q_w_, &q_b_, &k_w_, &k_b_, &v_w_, &v_b_, &o_w_, &o_b_, &q_norm_, &k_norm_}) {
     if (t->defined()) *t = t->to(device_, dtype_).contiguous();
   }
+  q_ = Linear(q_w_, q_b_, kernels_);
+  k_ = Linear(k_w_, k_b_, kernels_);
+  v_ = Linear(v_w_, v_b_, kernels_);
+  o_ = Linear(o_w_, o_b_, kernels_);
+  q_w_ = q_b_ = k_w_ = k_b_ = v_w_ = v_b_ = o_w_ = o_b_ = at::Tensor();
 }
 
 std::string GatedAttentionLayer::KernelVariant() const {
-  return AttentionKernelName(attention_, dtype_, device_) + " gated";
+  return AttentionKernelName(AttentionKernelOf(kernels_), dtype_, device_) + " gated" +
+         LinearKernelSuffix(kernels_, dtype_, device_);
 }
 
 std::unique_ptr<LayerCache> GatedAttentionLayer::NewCache(int64_t batch, int64_t capacity) const {
@@ -352,11 +364,11 @@ GatedAttentionLayer::Projected GatedAttentionLayer::Project(const at::Tensor& n)
   const int64_t B = n.size(0), T = n.size(1), D = head_dim_;
   const int64_t q_out = heads_ * D;
   // q_proj rows are interleaved per head: head h owns [h·2D, h·2D + D) query, then D gate rows.
-  at::Tensor qg = at::linear(n, q_w_, q_b_).view({B, T, heads_, 2 * D});
+  at::Tensor qg = q_(n).view({B, T, heads_, 2 * D});
   at::Tensor q = qg.narrow(-1, 0, D);                                   // [B, T, Hq, D]
   at::Tensor gate = qg.narrow(-1, D, D).reshape({B, T, q_out});         // [B, T, Hq·D]
-  at::Tensor k = at::linear(n, k_w_, k_b_).view({B, T, kv_heads_, D});  // [B, T, Hkv, D]
-  at::Tensor v = at::linear(n, v_w_, v_b_).view({B, T, kv_heads_, D});
+  at::Tensor k = k_(n).view({B, T, kv_heads_, D});  // [B, T, Hkv, D]
+  at::Tensor v = v_(n).view({B, T, kv_heads_, D});
 
   q = RmsNorm(q, q_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hq, T, D]
   k = RmsNorm(k, k_norm_, eps_, NormKind::kOnePlusWeight).transpose(1, 2);  // [B, Hkv, T, D]
@@ -375,7 +387,7 @@ at::Tensor GatedAttentionLayer::Attend(at::Tensor q, at::Tensor k, const at::Ten
   k = RotaryEmbedding::Apply(k, cos, sin);
   return CausalAttention(q, k, v, ctx, static_cast<KvCache*>(cache), /*sliding_window=*/0,
                          1.0 / std::sqrt(static_cast<double>(head_dim_)),
-                         attention_);  // [B, T, Hq·D]
+                         AttentionKernelOf(kernels_));  // [B, T, Hq·D]
 }
 
 at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
@@ -383,7 +395,7 @@ at::Tensor GatedAttentionLayer::Mix(const at::Tensor& n, const ForwardContext& c
   Projected p = Project(n);
   at::Tensor attn = Attend(p.q, p.k, p.v, ctx, cache);
   attn = attn * at::sigmoid(p.gate);  // output gate, in the compute dtype
-  return at::linear(attn, o_w_, o_b_);
+  return o_(attn);
 }
 
 at::Tensor GatedAttentionLayer::MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) {
@@ -397,7 +409,7 @@ at::Tensor GatedAttentionLayer::MixRows(const at::Tensor& n, const std::vector<D
   const int64_t pad = n.size(0) - static_cast<int64_t>(rows.size());
   if (pad > 0) attn.push_back(at::zeros({pad, 1, heads_ * head_dim_}, n.options()));
   at::Tensor a = at::cat(attn, 0) * at::sigmoid(p.gate);
-  return at::linear(a, o_w_, o_b_);
+  return o_(a);
 }
 
 at::Tensor GatedAttentionLayer::MixPacked(const at::Tensor& n,
@@ -409,14 +421,15 @@ at::Tensor GatedAttentionLayer::MixPacked(const at::Tensor& n,
                           p.v.narrow(2, s.start, s.length), *s.ctx, nullptr);
     attn.push_back(a * at::sigmoid(p.gate.narrow(1, s.start, s.length)));
   }
-  return at::linear(JoinSegments(std::move(attn), n.size(1)), o_w_, o_b_);
+  return o_(JoinSegments(std::move(attn), n.size(1)));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gated DeltaNet
 
-GatedDeltaNetLayer::GatedDeltaNetLayer(const ModelConfig& c, at::ScalarType dtype)
-    : Qwen3_5DecoderLayer(c, dtype),
+GatedDeltaNetLayer::GatedDeltaNetLayer(const ModelConfig& c, at::ScalarType dtype,
+                                       KernelSet kernels)
+    : Qwen3_5DecoderLayer(c, dtype, kernels),
       nk_(c.linear_num_key_heads),
       nv_(c.linear_num_value_heads),
       dk_(c.linear_key_head_dim),
@@ -443,6 +456,23 @@ void GatedDeltaNetLayer::PrepareMixer() {
                         &norm_w_, &out_w_}) {
     *t = t->to(device_, dtype_).contiguous();
   }
+  in_qkv_ = Linear(in_qkv_w_, {}, kernels_);
+  in_z_ = Linear(in_z_w_, {}, kernels_);
+  in_b_ = Linear(in_b_w_, {}, kernels_);
+  in_a_ = Linear(in_a_w_, {}, kernels_);
+  out_ = Linear(out_w_, {}, kernels_);
+  in_qkv_w_ = in_z_w_ = in_b_w_ = in_a_w_ = out_w_ = at::Tensor();
+}
+
+bool GatedDeltaNetLayer::FusedDeltaRule() const {
+  return kernels_ == KernelSet::kFast && device_.is_cpu();
+}
+
+std::string GatedDeltaNetLayer::KernelVariant() const {
+  return std::string(FusedDeltaRule()
+                         ? "gated-delta-rule recurrent fused fp32"
+                         : "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode") +
+         LinearKernelSuffix(kernels_, dtype_, device_);
 }
 
 std::unique_ptr<LayerCache> GatedDeltaNetLayer::NewCache(int64_t batch, int64_t capacity) const {
@@ -453,10 +483,10 @@ std::unique_ptr<LayerCache> GatedDeltaNetLayer::NewCache(int64_t batch, int64_t 
 GatedDeltaNetLayer::Projected GatedDeltaNetLayer::Project(const at::Tensor& n) const {
   const int64_t B = n.size(0), T = n.size(1);
   Projected p;
-  p.mixed = at::linear(n, in_qkv_w_);                       // [B, T, conv_dim]
-  p.z = at::linear(n, in_z_w_).view({B, T, nv_, dv_});      // output gate
-  p.b = at::linear(n, in_b_w_);                             // [B, T, nv]
-  p.a = at::linear(n, in_a_w_);                             // [B, T, nv]
+  p.mixed = in_qkv_(n);                       // [B, T, conv_dim]
+  p.z = in_z_(n).view({B, T, nv_, dv_});      // output gate
+  p.b = in_b_(n);                             // [B, T, nv]
+  p.a = in_a_(n);                             // [B, T, nv]
   return p;
 }
 
@@ -494,10 +524,13 @@ at::Tensor GatedDeltaNetLayer::Recur(const at::Tensor& mixed_btc, const at::Tens
 
   at::Tensor initial = continues ? cache->recurrent_state : at::Tensor();
   // transformers: the recurrent kernel only for one-token steps on an existing state; prompts
-  // (and chunked prefill continuing a state) use the chunked kernel.
-  DeltaRuleResult r = continues && T == 1
-                          ? GatedDeltaRuleRecurrent(q, k, v, g, beta, initial)
-                          : GatedDeltaRuleChunked(q, k, v, g, beta, initial, /*chunk_size=*/64);
+  // (and chunked prefill continuing a state) use the chunked kernel. The fast set runs the
+  // recurrent form fused for every call (delta_rule_fused.h).
+  DeltaRuleResult r =
+      FusedDeltaRule() ? GatedDeltaRuleFused(q, k, v, g, beta, initial)
+      : continues && T == 1
+          ? GatedDeltaRuleRecurrent(q, k, v, g, beta, initial)
+          : GatedDeltaRuleChunked(q, k, v, g, beta, initial, /*chunk_size=*/64);
   if (cache != nullptr) cache->recurrent_state.copy_(r.final_state);
 
   at::Tensor o = GatedRmsNorm(r.out.reshape({-1, dv_}), z.reshape({-1, dv_}), norm_w_, eps_);
@@ -507,7 +540,7 @@ at::Tensor GatedDeltaNetLayer::Recur(const at::Tensor& mixed_btc, const at::Tens
 at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,
                                    LayerCache* cache) {
   Projected p = Project(n);
-  return at::linear(Recur(p.mixed, p.z, p.b, p.a, ctx, cache), out_w_);  // [B, T, hidden]
+  return out_(Recur(p.mixed, p.z, p.b, p.a, ctx, cache));  // [B, T, hidden]
 }
 
 at::Tensor GatedDeltaNetLayer::MixPacked(const at::Tensor& n,
@@ -519,7 +552,7 @@ at::Tensor GatedDeltaNetLayer::MixPacked(const at::Tensor& n,
                         p.b.narrow(1, s.start, s.length), p.a.narrow(1, s.start, s.length), *s.ctx,
                         nullptr));
   }
-  return at::linear(JoinSegments(std::move(out), n.size(1)), out_w_);
+  return out_(JoinSegments(std::move(out), n.size(1)));
 }
 
 at::Tensor GatedDeltaNetLayer::MixRows(const at::Tensor& n, const std::vector<DecodeRow>& rows) {
@@ -545,23 +578,23 @@ at::Tensor GatedDeltaNetLayer::MixRows(const at::Tensor& n, const std::vector<De
     c->recurrent_state.copy_(stacked.recurrent_state.narrow(0, i, 1));
   }
   if (M > N) o = at::cat({o, at::zeros({M - N, 1, value_dim_}, o.options())}, 0);
-  return at::linear(o, out_w_);
+  return out_(o);
 }
 
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfig& config,
                                                                 at::ScalarType dtype,
-                                                                AttentionKernel attention) {
+                                                                KernelSet kernels) {
   auto rope = std::make_shared<const RotaryEmbedding>(config.rope, config.head_dim);
   std::vector<std::unique_ptr<DecoderLayer>> layers;
   for (int64_t i = 0; i < config.num_layers; ++i) {
     switch (config.layer_types[i]) {
       case LayerType::kLinearAttention:
-        layers.push_back(std::make_unique<GatedDeltaNetLayer>(config, dtype));
+        layers.push_back(std::make_unique<GatedDeltaNetLayer>(config, dtype, kernels));
         break;
       case LayerType::kFullAttention:
-        layers.push_back(std::make_unique<GatedAttentionLayer>(config, rope, dtype, attention));
+        layers.push_back(std::make_unique<GatedAttentionLayer>(config, rope, dtype, kernels));
         break;
       case LayerType::kSlidingAttention:
         return absl::InvalidArgumentError(
@@ -569,7 +602,8 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(const ModelConfi
                          " does not have (linear_attention or full_attention)"));
     }
   }
-  return std::make_unique<DecoderModel>(config, dtype, NormKind::kOnePlusWeight, std::move(layers));
+  return std::make_unique<DecoderModel>(config, dtype, NormKind::kOnePlusWeight, std::move(layers),
+                                        kernels);
 }
 
 }  // namespace specwire

@@ -22,6 +22,8 @@
 #include "absl/status/statusor.h"
 #include "common/models/attention.h"
 #include "common/models/decoder.h"
+#include "common/models/kernel_set.h"
+#include "common/models/linear.h"
 #include "common/models/rope.h"
 
 namespace specwire {
@@ -84,7 +86,7 @@ class GatedDeltaNetCache : public LayerCache {
 // supply the token mixer.
 class Qwen3_5DecoderLayer : public DecoderLayer {
  public:
-  Qwen3_5DecoderLayer(const ModelConfig& config, at::ScalarType dtype);
+  Qwen3_5DecoderLayer(const ModelConfig& config, at::ScalarType dtype, KernelSet kernels);
 
   at::Tensor Forward(const at::Tensor& h, const ForwardContext& ctx, LayerCache* cache) final;
   at::Tensor DecodeRows(const at::Tensor& h, const std::vector<DecodeRow>& rows) final;
@@ -105,6 +107,7 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
   const int64_t hidden_;
   const double eps_;
   const at::ScalarType dtype_;
+  const KernelSet kernels_;
 
  private:
   // Post-norm SwiGLU block added to `out` (SiLU per segment when packed: see llama.cc's Finish).
@@ -112,8 +115,9 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
 
   const int64_t intermediate_;
   at::Tensor input_norm_, post_norm_;  // [hidden], (1 + w)
-  at::Tensor gate_w_, up_w_;           // [I, hidden]
-  at::Tensor down_w_;                  // [hidden, I]
+  at::Tensor gate_w_, up_w_;           // [I, hidden] (until Prepare)
+  at::Tensor down_w_;                  // [hidden, I] (until Prepare)
+  Linear gate_, up_, down_;            // the products Prepare builds
 };
 
 // Full-attention layer (Qwen3_5Attention): q_proj yields [query | gate] per head, q/k get a
@@ -122,7 +126,7 @@ class Qwen3_5DecoderLayer : public DecoderLayer {
 class GatedAttentionLayer : public Qwen3_5DecoderLayer {
  public:
   GatedAttentionLayer(const ModelConfig& config, std::shared_ptr<const RotaryEmbedding> rope,
-                      at::ScalarType dtype, AttentionKernel attention);
+                      at::ScalarType dtype, KernelSet kernels);
   std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
   std::string KernelVariant() const override;
 
@@ -145,22 +149,20 @@ class GatedAttentionLayer : public Qwen3_5DecoderLayer {
 
   const int64_t heads_, kv_heads_, head_dim_;
   const bool bias_;
-  const AttentionKernel attention_;
   std::shared_ptr<const RotaryEmbedding> rope_;  // shared by all attention layers
   at::Tensor q_w_, q_b_;                         // [2·Hq·D, hidden]: [query | gate] per head
   at::Tensor k_w_, k_b_, v_w_, v_b_;             // [Hkv·D, hidden]
   at::Tensor o_w_, o_b_;                         // [hidden, Hq·D]
   at::Tensor q_norm_, k_norm_;                   // [head_dim], (1 + w)
+  Linear q_, k_, v_, o_;                         // the products PrepareMixer builds
 };
 
 // Gated DeltaNet layer (Qwen3_5GatedDeltaNet).
 class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
  public:
-  GatedDeltaNetLayer(const ModelConfig& config, at::ScalarType dtype);
+  GatedDeltaNetLayer(const ModelConfig& config, at::ScalarType dtype, KernelSet kernels);
   std::unique_ptr<LayerCache> NewCache(int64_t batch, int64_t capacity) const override;
-  std::string KernelVariant() const override {
-    return "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode";
-  }
+  std::string KernelVariant() const override;
 
  protected:
   at::Tensor Mix(const at::Tensor& n, const ForwardContext& ctx, LayerCache* cache) override;
@@ -176,6 +178,8 @@ class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
     at::Tensor b, a;   // [B, T, nv]
   };
   Projected Project(const at::Tensor& n) const;
+  // Whether the delta rule runs GatedDeltaRuleFused (the fast set on the CPU).
+  bool FusedDeltaRule() const;
   // Conv, gated delta rule and gated norm over `cache` (updated): [B, T, value_dim].
   at::Tensor Recur(const at::Tensor& mixed_btc, const at::Tensor& z, const at::Tensor& b,
                    const at::Tensor& a, const ForwardContext& ctx, LayerCache* cache) const;
@@ -191,12 +195,12 @@ class GatedDeltaNetLayer : public Qwen3_5DecoderLayer {
   at::Tensor a_log_;                              // [nv]
   at::Tensor norm_w_;                             // [dv], plain w (not 1 + w)
   at::Tensor out_w_;                              // [hidden, value_dim]
+  Linear in_qkv_, in_z_, in_b_, in_a_, out_;      // the products PrepareMixer builds
 };
 
 // The whole model for config.family kQwen3_5. INVALID_ARGUMENT for a layer type the hybrid
 // architecture does not have (sliding_attention).
 absl::StatusOr<std::unique_ptr<DecoderModel>> BuildQwen3_5Model(
-    const ModelConfig& config, at::ScalarType dtype,
-    AttentionKernel attention = AttentionKernel::kSdpa);
+    const ModelConfig& config, at::ScalarType dtype, KernelSet kernels = KernelSet::kReference);
 
 }  // namespace specwire

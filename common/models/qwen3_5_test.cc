@@ -4,10 +4,16 @@
 // (tests/parity/test_hybrid_parity.py).
 #include "common/models/qwen3_5.h"
 
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "common/model_config.h"
 #include "common/models/attention.h"
+#include "common/models/delta_rule_fused.h"
 #include "common/models/test_models.h"
 
 namespace specwire {
@@ -58,6 +64,63 @@ TEST_P(ChunkedVsRecurrent, SameOutputsAndFinalState) {
 // Around one chunk (64), two chunks, and past one block of 16 chunks (1024 tokens).
 INSTANTIATE_TEST_SUITE_P(Lengths, ChunkedVsRecurrent, ::testing::Values(1, 63, 64, 65, 130, 1100));
 
+// The fast set's fused kernel against the recurrent reference: same function, other roundings.
+// Head widths that fill whole registers, part of one, and more than eight (the scalar path).
+TEST(GatedDeltaRuleFused, MatchesTheRecurrentReference) {
+  c10::InferenceMode inference;
+  for (const auto& [nk, nv, dk, dv] : std::vector<std::array<int64_t, 4>>{
+           {2, 4, 16, 8}, {1, 4, 16, 64}, {2, 2, 64, 48}, {1, 2, 8, 144}, {4, 8, 32, 16}}) {
+    for (int64_t T : {1, 5, 70, 300}) {
+      at::manual_seed(100 + T + dv);
+      const int64_t B = 2;
+      at::Tensor q = at::randn({B, T, nk, dk}), k = at::randn({B, T, nk, dk});
+      at::Tensor v = at::randn({B, T, nv, dv});
+      at::Tensor g = -at::softplus(at::randn({B, T, nv}) * 2);
+      at::Tensor beta = at::sigmoid(at::randn({B, T, nv}));
+      at::Tensor state = at::randn({B, nv, dk, dv}) * 0.5;
+      for (bool with_state : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "nk " << nk << " nv " << nv << " dk " << dk << " dv "
+                                          << dv << " T " << T << " state " << with_state);
+        at::Tensor init = with_state ? state : at::Tensor();
+        DeltaRuleResult want = GatedDeltaRuleRecurrent(q, k, v, g, beta, init);
+        DeltaRuleResult got = GatedDeltaRuleFused(q, k, v, g, beta, init);
+        ASSERT_EQ(got.out.sizes(), want.out.sizes());
+        EXPECT_LE(RelErr(got.out, want.out), 1e-5);
+        EXPECT_LE(RelErr(got.final_state, want.final_state), 1e-5);
+        if (with_state) {
+          EXPECT_TRUE(at::equal(init, state)) << "the initial state was written";
+        }
+        // A sequence alone, and with one intra-op thread: the same bits.
+        DeltaRuleResult alone =
+            GatedDeltaRuleFused(q.narrow(0, 1, 1), k.narrow(0, 1, 1), v.narrow(0, 1, 1),
+                                g.narrow(0, 1, 1), beta.narrow(0, 1, 1),
+                                with_state ? init.narrow(0, 1, 1) : at::Tensor());
+        EXPECT_TRUE(at::equal(alone.out, got.out.narrow(0, 1, 1)));
+        const int threads = at::get_num_threads();
+        at::set_num_threads(1);
+        DeltaRuleResult one = GatedDeltaRuleFused(q, k, v, g, beta, init);
+        at::set_num_threads(threads);
+        EXPECT_TRUE(at::equal(one.out, got.out));
+        EXPECT_TRUE(at::equal(one.final_state, got.final_state));
+      }
+    }
+  }
+}
+
+// bf16 inputs (what a bf16 forward passes): outputs in bf16, within bf16 rounding of fp32.
+TEST(GatedDeltaRuleFused, KeepsTheInputDtype) {
+  c10::InferenceMode inference;
+  DeltaRuleCase c = RandomDeltaRule(1, 130, 77);
+  auto bf = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  DeltaRuleResult r = GatedDeltaRuleFused(bf(c.q), bf(c.k), bf(c.v), c.g, bf(c.beta), c.state);
+  EXPECT_EQ(r.out.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(r.final_state.scalar_type(), at::kFloat);
+  DeltaRuleResult ref = GatedDeltaRuleRecurrent(bf(c.q).to(at::kFloat), bf(c.k).to(at::kFloat),
+                                                bf(c.v).to(at::kFloat), c.g,
+                                                bf(c.beta).to(at::kFloat), c.state);
+  EXPECT_LE(RelErr(r.out, ref.out), 1e-2);
+}
+
 TEST(GatedDeltaRuleChunked, ContinuesFromAState) {
   c10::InferenceMode inference;
   DeltaRuleCase c = RandomDeltaRule(1, 150, 7);
@@ -97,12 +160,13 @@ TEST(Qwen3_5Model, KernelVariants) {
   EXPECT_EQ(model->layer(0).KernelVariant(),
             "gated-delta-rule chunked fp32 (chunk 64) / recurrent decode");
   EXPECT_EQ(model->layer(3).KernelVariant(), "sdpa gated");  // the hybrid's default
-  auto flash = BuildQwen3_5Model(testing::TinyHybridConfig(), at::kFloat,
-                                 AttentionKernel::kFlashWhereAvailable);
-  ASSERT_TRUE(flash.ok()) << flash.status();  // layers start on the CPU
-  EXPECT_EQ((*flash)->layer(3).KernelVariant(),
+  auto fast = BuildQwen3_5Model(testing::TinyHybridConfig(), at::kFloat, KernelSet::kFast);
+  ASSERT_TRUE(fast.ok()) << fast.status();  // layers start on the CPU
+  const std::string linears = LinearKernelSuffix(KernelSet::kFast, at::kFloat, at::kCPU);
+  EXPECT_EQ((*fast)->layer(3).KernelVariant(),
             AttentionKernelName(AttentionKernel::kFlashWhereAvailable, at::kFloat, at::kCPU) +
-                " gated");
+                " gated" + linears);
+  EXPECT_EQ((*fast)->layer(0).KernelVariant(), "gated-delta-rule recurrent fused fp32" + linears);
 }
 
 // Prefill of n tokens, then single cached steps, equals one forward over all tokens; so does a

@@ -23,7 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
-#include "common/models/attention.h"
+#include "common/models/kernel_set.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -35,12 +35,12 @@ ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | fl
 ABSL_FLAG(std::string, device_map, "cpu",
           "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, attention_kernel, "auto",
-          "The targets' attention kernel: auto (each family's default: sdpa for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; flash for Llama/Qwen2/Qwen3), sdpa "
-          "(libtorch's scaled_dot_product_attention, what transformers runs) or flash (specwire's "
-          "AVX-512 kernel where the CPU has it: 2-3x faster attention in bf16, within rounding "
-          "of sdpa). The contract's kernel_variant names the one that ran.");
+ABSL_FLAG(std::string, kernels, "auto",
+          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
+          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
+          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
+          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
+          "rounding of reference). The contract's kernel_variant names what ran.");
 ABSL_FLAG(std::string, batch_layout, "packed",
           "extract: packed (sequences packed without padding, one matrix product per layer for "
           "all of them: bit-identical whatever shares the batch), per_sequence (each sequence "
@@ -137,8 +137,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
   load.device_map = absl::GetFlag(FLAGS_device_map);
-  SW_ASSIGN_OR_RETURN(load.attention, ParseAttentionKernel(absl::GetFlag(FLAGS_attention_kernel),
-                                                           "--attention_kernel"));
+  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels"));
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(absl::GetFlag(FLAGS_model), load));
 
   if (command == "info") {

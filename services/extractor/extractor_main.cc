@@ -33,12 +33,12 @@ ABSL_FLAG(std::string, cpu_binding, "auto",
           "this process may use, else none) | none (the kernel places them) | cores (thread i on "
           "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
           "several on a host).");
-ABSL_FLAG(std::string, attention_kernel, "auto",
-          "The targets' attention kernel: auto (each family's default: sdpa for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; flash for Llama/Qwen2/Qwen3), sdpa "
-          "(libtorch's scaled_dot_product_attention, what transformers runs) or flash (specwire's "
-          "AVX-512 kernel where the CPU has it: 2-3x faster attention in bf16, within rounding "
-          "of sdpa). The contract's kernel_variant names the one that ran.");
+ABSL_FLAG(std::string, kernels, "auto",
+          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
+          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
+          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
+          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
+          "rounding of reference). The contract's kernel_variant names what ran.");
 ABSL_FLAG(std::string, batch_layout, "packed",
           "How a batch of sequences runs: packed (sequences packed without padding, one matrix "
           "product per layer for all of them, attention per sequence: hidden states "
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   bo.threads = absl::GetFlag(FLAGS_threads);
   bo.cpu_binding = absl::GetFlag(FLAGS_cpu_binding);
   bo.batch_layout = absl::GetFlag(FLAGS_batch_layout);
-  bo.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  bo.kernels = absl::GetFlag(FLAGS_kernels);
   bo.canary_tokens = absl::GetFlag(FLAGS_canary_tokens);
   if (bo.canary_tokens < 0) return Fail("--canary_tokens must not be negative");
   auto backend = LoadTorchBackend(bo);

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/memory_policy.h"
-#include "common/models/attention.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/kernel_set.h"
 #include "common/models/target_session.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
@@ -281,8 +281,7 @@ absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const Backend
                       ParseBatchLayout(options.batch_layout, "--batch_layout"));
   load.device_map = options.device_map;
   load.canary_tokens = options.canary_tokens;
-  SW_ASSIGN_OR_RETURN(load.attention,
-                      ParseAttentionKernel(options.attention_kernel, "--attention_kernel"));
+  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(options.kernels, "--kernels"));
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(options.model_dir, load));
   engine->SetBatchLayout(layout);
   return std::unique_ptr<ExtractorBackend>(new TorchBackend(std::move(engine)));

@@ -31,7 +31,7 @@
 #include "common/checkpoint.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
-#include "common/models/attention.h"
+#include "common/models/kernel_set.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -71,12 +71,12 @@ ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | fl
 ABSL_FLAG(std::string, device_map, "cpu",
           "Target placement (see specwire-extract); the drafter runs on the target's output "
           "device.");
-ABSL_FLAG(std::string, attention_kernel, "auto",
-          "The targets' attention kernel: auto (each family's default: sdpa for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; flash for Llama/Qwen2/Qwen3), sdpa "
-          "(libtorch's scaled_dot_product_attention, what transformers runs) or flash (specwire's "
-          "AVX-512 kernel where the CPU has it: 2-3x faster attention in bf16, within rounding "
-          "of sdpa). The contract's kernel_variant names the one that ran.");
+ABSL_FLAG(std::string, kernels, "auto",
+          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
+          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
+          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
+          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
+          "rounding of reference). The contract's kernel_variant names what ran.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, cases, "",
           "draft: safetensors with case.{i}.features and metadata \"cases\"; ddtree: JSON "
@@ -163,8 +163,7 @@ absl::StatusOr<Models> LoadModels() {
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
   load.device_map = absl::GetFlag(FLAGS_device_map);
-  SW_ASSIGN_OR_RETURN(load.attention, ParseAttentionKernel(absl::GetFlag(FLAGS_attention_kernel),
-                                                           "--attention_kernel"));
+  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels"));
   Models m;
   SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(target, load));
   SW_ASSIGN_OR_RETURN(m.drafter,
@@ -543,8 +542,7 @@ absl::StatusOr<Eagle3Models> LoadEagle3(bool need_target) {
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
   load.device_map = absl::GetFlag(FLAGS_device_map);
-  SW_ASSIGN_OR_RETURN(load.attention, ParseAttentionKernel(absl::GetFlag(FLAGS_attention_kernel),
-                                                           "--attention_kernel"));
+  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels"));
   Eagle3Models m;
   at::Device device = at::kCPU;
   if (!target.empty()) {

@@ -5,7 +5,7 @@ For every generated config specwire either matches AutoModelForCausalLM on every
 from its fp32 forward at a tap, within 1.5 times that distance: rounding level for the dtype;
 greedy identical in fp32), or refuses it with INVALID_ARGUMENT naming the key. A config
 transformers itself cannot build or run must be refused too. Never a silent difference, never
-INTERNAL, never a crash. Each config runs under one --attention_kernel (auto, flash or sdpa),
+INTERNAL, never a crash. Each config runs under one --kernels choice (auto, fast or reference),
 drawn from its seed.
 
 CI runs a bounded sample whose seed changes every day (printed; set SPECWIRE_SWEEP_SEED to repeat
@@ -105,11 +105,11 @@ def assert_named_refusal(res, where: str) -> None:
 def test_random_config_matches_transformers_or_is_refused(k, tmp_path) -> None:
     seed = BASE_SEED + k
     family, raw, mutation = config_space.draw_mutated_config(seed)
-    # Each config under one attention kernel, drawn from the seed: every choice of
-    # --attention_kernel must match (auto: the family's default; flash; transformers' sdpa).
-    kernel = ("auto", "flash", "sdpa")[seed % 3]
+    # Each config under one kernel set, drawn from the seed: every choice of --kernels must
+    # match (auto: the family's default; fast; reference, transformers' own ops).
+    kernels = ("auto", "fast", "reference")[seed % 3]
     where = (f"seed {seed} ({family}{', ' + mutation if mutation else ''}; "
-             f"--attention_kernel {kernel})")
+             f"--kernels {kernels})")
     print(f"\n{where}: {json.dumps(raw, sort_keys=True)}")
     path = tmp_path / "ckpt"
     oracle = build_checkpoint(family, raw, path)
@@ -130,7 +130,7 @@ def test_random_config_matches_transformers_or_is_refused(k, tmp_path) -> None:
         out = tmp_path / f"out-{dtype}.safetensors"
         res = run_extract(["extract", "--model", str(path), "--dtype", dtype, "--tokens_file",
                            str(tokens), "--layers", layers, "--embedding", "--final_norm",
-                           "--attention_kernel", kernel, "--out", str(out)], check=False)
+                           "--kernels", kernels, "--out", str(out)], check=False)
         return res, out
 
     if oracle is None:
@@ -176,7 +176,7 @@ def test_random_config_matches_transformers_or_is_refused(k, tmp_path) -> None:
         print(f"    {dtype}: worst rel err {worst:.2e}")
     res = run_extract(["generate", "--model", str(path), "--tokens", ",".join(map(str, prompt)),
                        "--max_new_tokens", str(NEW_TOKENS), "--ignore_model_eos",
-                       "--attention_kernel", kernel])
+                       "--kernels", kernels])
     ours = json.loads(res.stdout)
     ours = ours[0] if isinstance(ours, list) else ours
     assert ours["tokens"] == want, f"{where}: greedy differs\n  ours {ours['tokens']}\n  hf {want}"

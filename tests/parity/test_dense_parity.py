@@ -68,24 +68,24 @@ def first_divergence(a: list[int], b: list[int]) -> int:
 def full_capture(checkpoint, extract_bin, tmp_path_factory) -> Callable:
     """full_capture(name, dtype_name, kernel) -> (checkpoint dir, tokens file, sequences, tensors)
     of ONE extract call capturing every layer, the embedding and the final norm of the whole batch
-    (--attention_kernel `kernel`: auto, the dense families' flash, or sdpa)."""
+    (--kernels `kernels`: auto, the dense families' fast set, or reference)."""
     root = tmp_path_factory.mktemp("capture")
     done: dict[tuple[str, str, str], tuple] = {}
 
     def get(name: str, dtype_name: str,
-            kernel: str = "auto") -> tuple[Path, Path, list[list[int]], dict]:
-        if (name, dtype_name, kernel) not in done:
+            kernels: str = "auto") -> tuple[Path, Path, list[list[int]], dict]:
+        if (name, dtype_name, kernels) not in done:
             path = checkpoint(name)
             cfg = read_config(path)
             seqs = parity_sequences(cfg["vocab_size"])
             tokens = write_tokens(root / f"{name}.json", seqs)
-            out = root / f"{name}-{dtype_name}-{kernel}.safetensors"
+            out = root / f"{name}-{dtype_name}-{kernels}.safetensors"
             run_extract(["extract", "--model", str(path), "--dtype", dtype_name,
                          "--tokens_file", str(tokens), "--layers",
                          all_layers(cfg["num_hidden_layers"]), "--embedding", "--final_norm",
-                         "--attention_kernel", kernel, "--out", str(out)])
-            done[(name, dtype_name, kernel)] = (path, tokens, seqs, load_file(out))
-        return done[(name, dtype_name, kernel)]
+                         "--kernels", kernels, "--out", str(out)])
+            done[(name, dtype_name, kernels)] = (path, tokens, seqs, load_file(out))
+        return done[(name, dtype_name, kernels)]
 
     return get
 
@@ -94,13 +94,13 @@ def full_capture(checkpoint, extract_bin, tmp_path_factory) -> Callable:
 # Hidden states
 
 
-@pytest.mark.parametrize("kernel", ["auto", "sdpa"])
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("name", CONFIG_NAMES)
-def test_hidden_states_match_transformers(name, dtype_name, kernel, full_capture, hf_model,
+def test_hidden_states_match_transformers(name, dtype_name, kernels, full_capture, hf_model,
                                           worst_errors):
     dtype, tol = DTYPES[dtype_name]
-    _, _, seqs, got = full_capture(name, dtype_name, kernel)
+    _, _, seqs, got = full_capture(name, dtype_name, kernels)
     ref = hf_taps(hf_model(name, dtype), seqs)
 
     expected = {f"seq.{i}.{tap}" for i, taps in enumerate(ref) for tap in taps}
@@ -122,7 +122,7 @@ def test_hidden_states_match_transformers(name, dtype_name, kernel, full_capture
                 failures.append(f"{name} {dtype_name} {where}: rel err {err:.3e} > {tol:.0e}")
             if not err <= worst[0]:
                 worst = (err, where)
-    worst_errors[(name, f"{dtype_name} {kernel}")] = (worst[0], tol, worst[1])
+    worst_errors[(name, f"{dtype_name} {kernels}")] = (worst[0], tol, worst[1])
     assert not failures, f"{len(failures)} tensor(s) off:\n" + "\n".join(failures)
 
 

@@ -6,8 +6,8 @@ kernels. Checked:
     past several chunks, for a text-only and a VLM-packaged checkpoint of the same weights and
     for a second schedule (full attention first and last, tied head), all lengths in one padded
     batch (within tolerance) and one unpadded 1100-token sequence (bit for bit), with the
-    hybrid's default attention kernel (transformers' sdpa); with --attention_kernel flash
-    (specwire's kernel) within rounding;
+    hybrid's default kernels (--kernels reference: transformers' own ops); with --kernels fast
+    (oneDNN products on reordered weights, specwire's attention) within rounding;
   * greedy generation (prefill with the chunked kernel, decode with the recurrent one) token for
     token in fp32;
   * the extraction contract: a VLM package states its layout, prefix and skipped tensors, has
@@ -68,20 +68,20 @@ def sequences() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ours(checkpoints, sequences, tmp_path_factory):
-    """specwire-extract's states for every layer, memoised per (checkpoint, dtype, attention
-    kernel: auto, the hybrid's sdpa, or flash)."""
+    """specwire-extract's states for every layer, memoised per (checkpoint, dtype, --kernels: auto,
+    the hybrid's reference set, or fast)."""
     work = tmp_path_factory.mktemp("extract")
     tokens = write_tokens(work / "tokens.json", sequences)
 
     @functools.cache
-    def run(name: str, dtype: str, kernel: str = "auto") -> dict[str, torch.Tensor]:
+    def run(name: str, dtype: str, kernels: str = "auto") -> dict[str, torch.Tensor]:
         path = checkpoints[name]
         num_layers = json.loads(run_extract(["info", "--model", str(path)]).stdout)["num_layers"]
-        out = work / f"{name}.{dtype}.{kernel}.safetensors"
+        out = work / f"{name}.{dtype}.{kernels}.safetensors"
         run_extract(["extract", "--model", str(path), "--tokens_file", str(tokens),
                      "--layers", ",".join(str(k) for k in range(num_layers)), "--embedding",
                      "--final_norm", "--out", str(out), "--dtype", dtype,
-                     "--attention_kernel", kernel])
+                     "--kernels", kernels])
         return load_file(out)
 
     return run
@@ -111,17 +111,17 @@ def test_hidden_states_match_transformers(name, dtype, checkpoints, sequences, o
 
 
 @pytest.mark.parametrize("name", PARITY_CHECKPOINTS)
-def test_flash_attention_is_within_rounding(name, checkpoints, sequences, ours) -> None:
-    """--attention_kernel flash (specwire's kernel, not transformers'): fp32 within 1e-5; bf16
-    within 1e-2 or, where transformers' own bf16 forward is further than that from its fp32 one
-    (these random hybrids amplify bf16 rounding to 4-10 %), within 1.5 times that distance.
-    Measured: flash's bf16 states are as far from fp32 as transformers' bf16 ones, and 3-10x
-    closer to transformers' bf16 than those are to fp32."""
+def test_fast_kernels_are_within_rounding(name, checkpoints, sequences, ours) -> None:
+    """--kernels fast (not transformers' kernels): fp32 within 1e-5; bf16 within 1e-2 or, where
+    transformers' own bf16 forward is further than that from its fp32 one (these random hybrids
+    amplify bf16 rounding to 4-10 %), within 1.5 times that distance. Measured with specwire's
+    attention: its bf16 states are as far from fp32 as transformers' bf16 ones, and 3-10x closer
+    to transformers' bf16 than those are to fp32."""
     exact = hf_taps(hy.hf_reference(checkpoints[name], torch.float32), sequences)
     bf16 = hf_taps(hy.hf_reference(checkpoints[name], torch.bfloat16), sequences)
     failures = []
     for dtype, refs in (("float32", exact), ("bfloat16", bf16)):
-        states = ours(name, dtype, "flash")
+        states = ours(name, dtype, "fast")
         for i, (seq, taps) in enumerate(zip(sequences, refs)):
             for tap, expected in taps.items():
                 err = rel_err(states[f"seq.{i}.{tap}"], expected)
