@@ -12,9 +12,9 @@ The headline compares against hf-keep1, the stricter of the two.
 Two more figures of the same run:
   vs gemm   the forward's projection GEMMs alone (same shapes, dtype, threads, timed back to back
             with the forward by specwire-bench-extract --gemm) over the forward: 1.0 is the
-            machine's GEMM limit. The same run times the attention alone (libtorch's
-            scaled_dot_product_attention at the forward's shapes); the table shows GEMM and
-            attention shares of the forward and the rest (norms, rope, activations, copies).
+            machine's GEMM limit. The same run times the attention alone (the kernel the
+            forward runs, at its shapes); the table shows GEMM and attention shares of the
+            forward and the rest (norms, rope, activations, copies, allocation).
   layouts   a batch of --batch sequences of the same length (no padding to waste: the padded
             layout's best case) in the two batch-invariant layouts, packed (the extractor's
             default: one product per layer over every sequence's rows, attention per sequence)

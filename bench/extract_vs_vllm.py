@@ -17,7 +17,7 @@ load, for specwire's threading and allocator policies.
               the host does), "quiet" nothing.
 
 Every configuration runs at --threads intra-op threads (default 2, this machine's cores), fp32,
-batch 4 x 128 and 512 tokens, batch 1 x 2048. Medians of --reps. Ends with
+batch 4 x 128 and 512 tokens, batch 1 x 2048. Medians of --reps, then over --rounds. Ends with
 extract_vs_vllm_ratio=<the lowest, over loads and shapes, of specwire's default policy's tokens/s
 over the better of the two vLLM bindings>.
 """
@@ -90,6 +90,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shapes", default="4x128,4x512,1x2048")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, in reversed order on odd "
+                         "rounds; each figure is the median over rounds (drift of the machine "
+                         "falls on every configuration alike)")
     args = ap.parse_args()
     if not (args.venv / "bin" / "python").exists():
         raise SystemExit(f"{args.venv}: no vLLM virtualenv (bash scripts/vllm_audit.sh makes it)")
@@ -97,26 +101,34 @@ def main() -> None:
     plan = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     policies = [(b, a) for b in ("none", "auto") for a in ("glibc", "tcmalloc")
                 if a == "glibc" or TCMALLOC.exists()]
-    results: dict[str, dict] = {}
-    for load in ("quiet", "loaded"):
-        hog = None
-        if load == "loaded":
-            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            time.sleep(1)
-        try:
-            for bind in VLLM_BINDINGS:
-                results[f"{load}/vllm {bind}"] = run_vllm(model, args.shapes, args.reps,
-                                                          args.threads, args.venv, bind)
-            for b, a in policies:
-                results[f"{load}/specwire {b} {a}"] = run_specwire(model, plan, args.reps,
-                                                                   args.threads, b, a)
-        finally:
-            if hog is not None:
-                hog.kill()
-                hog.wait()
+    runs = [("vllm", bind) for bind in VLLM_BINDINGS] + [("specwire", p) for p in policies]
+    per_round: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        for load in ("quiet", "loaded"):
+            hog = None
+            if load == "loaded":
+                hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(1)
+            try:
+                for kind, what in (runs if r % 2 == 0 else runs[::-1]):
+                    if kind == "vllm":
+                        key = f"{load}/vllm {what}"
+                        got = run_vllm(model, args.shapes, args.reps, args.threads, args.venv,
+                                       what)
+                    else:
+                        key = f"{load}/specwire {what[0]} {what[1]}"
+                        got = run_specwire(model, plan, args.reps, args.threads, *what)
+                    per_round.setdefault(key, []).append(got)
+            finally:
+                if hog is not None:
+                    hog.kill()
+                    hog.wait()
+    results = {key: {shape: statistics.median([d[shape] for d in rounds]) for shape in rounds[0]}
+               for key, rounds in per_round.items()}
 
     cols = [f"vllm {b}" for b in VLLM_BINDINGS] + [f"specwire {b} {a}" for b, a in policies]
-    print(f"\nprefill tokens/s, fp32, {args.threads} threads, ~100M Qwen3 (median of {args.reps})")
+    print(f"\nprefill tokens/s, fp32, {args.threads} threads, ~100M Qwen3 (median of {args.reps} "
+          f"reps, median over {args.rounds} round(s))")
     print(f"{'load':<7} {'shape':<8} " + " ".join(f"{c:>22}" for c in cols) + f" {'default/best vllm':>18}")
     worst = None
     for load in ("quiet", "loaded"):
