@@ -31,6 +31,7 @@
 #include "common/memory_policy.h"
 #include "common/models/attention.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/kernel_set.h"
 #include "common/models/linear.h"
 #include "common/models/loader.h"
 #include "common/models/torch_util.h"
@@ -48,12 +49,7 @@ ABSL_FLAG(int, batch, 1, "Sequences per forward.");
 ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, kernels, "auto",
-          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
-          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
-          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
-          "rounding of reference). The contract's kernel_variant names what ran.");
+ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
 ABSL_FLAG(std::string, batch_layout, "packed",
           "packed (the extractor's default) | per_sequence (each sequence its own forward) | "
           "padded.");

@@ -25,4 +25,12 @@ absl::StatusOr<std::optional<KernelSet>> ParseKernelSet(absl::string_view value,
                                                         absl::string_view flag);
 const char* KernelSetName(KernelSet set);  // "reference" | "fast"
 
+// The help of --kernels, one text for every binary that takes the flag.
+inline constexpr char kKernelsFlagHelp[] =
+    "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
+    "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
+    "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
+    "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
+    "rounding of reference). The contract's kernel_variant names what ran.";
+
 }  // namespace specwire

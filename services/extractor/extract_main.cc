@@ -35,12 +35,7 @@ ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | fl
 ABSL_FLAG(std::string, device_map, "cpu",
           "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, kernels, "auto",
-          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
-          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
-          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
-          "rounding of reference). The contract's kernel_variant names what ran.");
+ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
 ABSL_FLAG(std::string, batch_layout, "packed",
           "extract: packed (sequences packed without padding, one matrix product per layer for "
           "all of them: bit-identical whatever shares the batch), per_sequence (each sequence "

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
+#include "common/models/kernel_set.h"
 #include "common/rpc/security.h"
 #include "common/rpc/server_flags.h"
 #include "common/rpc/server_startup.h"
@@ -33,12 +34,7 @@ ABSL_FLAG(std::string, cpu_binding, "auto",
           "this process may use, else none) | none (the kernel places them) | cores (thread i on "
           "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
           "several on a host).");
-ABSL_FLAG(std::string, kernels, "auto",
-          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
-          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
-          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
-          "rounding of reference). The contract's kernel_variant names what ran.");
+ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
 ABSL_FLAG(std::string, batch_layout, "packed",
           "How a batch of sequences runs: packed (sequences packed without padding, one matrix "
           "product per layer for all of them, attention per sequence: hidden states "

@@ -71,12 +71,7 @@ ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | fl
 ABSL_FLAG(std::string, device_map, "cpu",
           "Target placement (see specwire-extract); the drafter runs on the target's output "
           "device.");
-ABSL_FLAG(std::string, kernels, "auto",
-          "The target's kernels: auto (each family's default: reference for the Qwen3.5 hybrid, "
-          "bit-identical to transformers on the CPU; fast for Llama/Qwen2/Qwen3), reference (the "
-          "libtorch ops transformers calls: at::linear, scaled_dot_product_attention) or fast "
-          "(oneDNN products on weights reordered at load, specwire's AVX-512 attention: within "
-          "rounding of reference). The contract's kernel_variant names what ran.");
+ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, cases, "",
           "draft: safetensors with case.{i}.features and metadata \"cases\"; ddtree: JSON "
