@@ -22,15 +22,19 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cuda_probes.h"
+#include "bench/layer_gemms.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
 #include "common/models/attention.h"
 #include "common/models/cpu_threads.h"
+#include "common/models/host_copies.h"
 #include "common/models/kernel_set.h"
 #include "common/models/linear.h"
 #include "common/models/loader.h"
@@ -50,40 +54,31 @@ ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "packed",
-          "packed (the extractor's default) | per_sequence (each sequence its own forward) | "
-          "padded.");
+ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(std::string, cpu_binding, "auto",
           "Intra-op threads bound to CPUs: auto | none | cores | a list such as 0-3 (the "
           "extractor's flag, with its default).");
+ABSL_FLAG(bool, random_weights, false,
+          "Draw the weights on the device from --model's config.json alone (normal(0, 0.02), "
+          "norms 1): a large target's shape timed without its checkpoint.");
+ABSL_FLAG(std::string, packed_rows, "0",
+          "Tokens one packed forward holds at most (0: the extractor's default); a list runs "
+          "every sequence length once per value.");
+ABSL_FLAG(std::string, batches, "",
+          "Sequences per forward for each of --seq_lens (comma-separated, one per length; "
+          "overrides --batch).");
+ABSL_FLAG(bool, copy_breakdown, false,
+          "Also time, per repetition, the forwards alone with the states left on the device "
+          "(forward_times_s) and the device-to-host copy of the same states alone "
+          "(copy_times_s): how much of the copy the extraction hides behind the next forward.");
+ABSL_FLAG(bool, count_syncs, false,
+          "CUDA: count the operations that make the host wait for the device in one extraction "
+          "(torch's sync debug mode).");
 ABSL_FLAG(bool, gemm, false,
           "Also time the forward's projection GEMMs alone (gemm_times_s) and its attention "
           "alone (attention_times_s).");
 
 namespace {
-
-// The [out_features, in_features] of every linear layer one decoder layer runs, as the forward
-// runs them (fused q|k|v and gate|up: common/models/llama.cc, qwen3_5.cc).
-std::vector<std::pair<int64_t, int64_t>> LayerGemms(const specwire::ModelConfig& c,
-                                                    specwire::LayerType type) {
-  using specwire::LayerType;
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  std::vector<std::pair<int64_t, int64_t>> g;
-  if (type == LayerType::kLinearAttention) {
-    const int64_t key = c.linear_num_key_heads * c.linear_key_head_dim;
-    const int64_t value = c.linear_num_value_heads * c.linear_value_head_dim;
-    g.push_back({2 * key + 2 * value, H});           // in_proj_qkvz
-    g.push_back({2 * c.linear_num_value_heads, H});  // in_proj_ba
-    g.push_back({H, value});                         // out_proj
-  } else {
-    const int64_t q = c.num_heads * D * (c.attn_output_gate ? 2 : 1);
-    g.push_back({q + 2 * c.num_kv_heads * D, H});  // q (| gate) | k | v
-    g.push_back({H, c.num_heads * D});             // o_proj
-  }
-  g.push_back({2 * c.intermediate_size, H});  // gate | up
-  g.push_back({H, c.intermediate_size});      // down
-  return g;
-}
 
 int Fail(const std::string& msg) {
   std::cerr << "specwire-bench-extract: " << msg << "\n";
@@ -103,9 +98,9 @@ int main(int argc, char** argv) {
   const std::string model_dir = absl::GetFlag(FLAGS_model), dtype_name = absl::GetFlag(FLAGS_dtype),
                     device = absl::GetFlag(FLAGS_device_map), layers = absl::GetFlag(FLAGS_layers);
   const int reps = absl::GetFlag(FLAGS_reps), warmup = absl::GetFlag(FLAGS_warmup),
-            threads = absl::GetFlag(FLAGS_threads), batch = absl::GetFlag(FLAGS_batch);
+            threads = absl::GetFlag(FLAGS_threads), batch_flag = absl::GetFlag(FLAGS_batch);
   if (model_dir.empty()) return Fail("--model is required (see --help)");
-  if (reps < 1 || warmup < 0 || threads < 0 || batch < 1) return Fail("bad flag value");
+  if (reps < 1 || warmup < 0 || threads < 0 || batch_flag < 1) return Fail("bad flag value");
   std::vector<int64_t> seq_lens;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
     int64_t n;
@@ -126,9 +121,23 @@ int main(int argc, char** argv) {
   auto kernels = ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels");
   if (!kernels.ok()) return Fail(std::string(kernels.status().message()));
   load.kernels = *kernels;
+  if (absl::GetFlag(FLAGS_random_weights)) load.random_weights_seed = 0;
   auto engine = ExtractionEngine::Load(model_dir, load);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   const ModelConfig& cfg = (*engine)->config();
+  auto packed_rows = ParseIntList(absl::GetFlag(FLAGS_packed_rows), "packed_rows");
+  if (!packed_rows.ok() || packed_rows->empty()) return Fail("bad --packed_rows");
+  std::vector<int64_t> batches(seq_lens.size(), batch_flag);
+  if (const std::string b = absl::GetFlag(FLAGS_batches); !b.empty()) {
+    auto list = ParseIntList(b, "batches");
+    if (!list.ok() || list->size() != seq_lens.size()) return Fail("--batches: one per --seq_lens");
+    batches = *list;
+  }
+  // (sequence length, sequences, packed rows) of every run.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> runs;
+  for (int64_t rows : *packed_rows) {
+    for (size_t i = 0; i < seq_lens.size(); ++i) runs.emplace_back(seq_lens[i], batches[i], rows);
+  }
 
   CaptureSpec capture;
   if (layers == "all") {
@@ -144,8 +153,11 @@ int main(int argc, char** argv) {
   } else {
     capture.final_norm = true;
   }
-  auto layout = ParseBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout");
-  if (!layout.ok()) return Fail(std::string(layout.status().message()));
+  if (auto st = (*engine)->SetBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout");
+      !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+  const std::optional<BatchLayout> layout = (*engine)->batch_layout();
   const bool gemm = absl::GetFlag(FLAGS_gemm);
   const at::Device dev = (*engine)->model().input_device();
   // Products of every GEMM shape the layers use (values do not change the speed), run by the
@@ -162,23 +174,46 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (int64_t T : seq_lens) {
+  for (const auto& [T, batch, rows] : runs) {
+    (*engine)->SetPackedRows(rows > 0 ? rows : kPackedRows);
     std::vector<std::vector<int64_t>> seqs(batch);
     for (int b = 0; b < batch; ++b) {
       for (int64_t t = 0; t < T; ++t)
         seqs[b].push_back((t * 7919 + b * 104729 + 13) % cfg.vocab_size);
     }
-    // The GEMMs' row counts: one call per sequence (per_sequence), one for the packed or the
-    // padded batch (same rows: every sequence has length T).
-    const int64_t calls = *layout == BatchLayout::kPerSequence ? batch : 1;
+    // The GEMMs' row counts, as the forwards run them: one call per sequence (per_sequence),
+    // one for the padded batch, one per packed forward (sequences of length T, as many as fit in
+    // the engine's packed rows, on InvariantRows rows).
+    const int64_t per_call = *layout == BatchLayout::kPerSequence ? 1
+                             : *layout == BatchLayout::kPadded
+                                 ? batch
+                                 : std::max<int64_t>(1, (*engine)->packed_rows() / T);
+    const int64_t calls = (batch + per_call - 1) / per_call;
+    const int64_t call_rows =
+        *layout == BatchLayout::kPacked
+            ? DecoderModel::InvariantRows(std::min<int64_t>(per_call, batch) * T)
+            : std::min<int64_t>(per_call, batch) * T;
     std::map<int64_t, at::Tensor> inputs;  // by in_features: [rows, in]
     for (const auto& layer : gemm_weights) {
       for (const auto& [in, product] : layer) {
         if (!inputs.count(in)) {
-          inputs[in] = at::randn({(batch / calls) * T, in},
-                                 at::TensorOptions().dtype(*dtype).device(dev));
+          inputs[in] = at::randn({call_rows, in}, at::TensorOptions().dtype(*dtype).device(dev));
         }
       }
+    }
+    // The packed forwards' groups, as ExtractionEngine::Extract forms them.
+    std::vector<std::vector<std::vector<int64_t>>> groups;
+    for (int64_t b = 0; b < batch; b += per_call) {
+      groups.emplace_back(seqs.begin() + b, seqs.begin() + std::min<int64_t>(batch, b + per_call));
+    }
+    const bool breakdown = absl::GetFlag(FLAGS_copy_breakdown) && *layout == BatchLayout::kPacked;
+    int64_t state_bytes = 0;
+    nlohmann::json syncs;
+    if (absl::GetFlag(FLAGS_count_syncs)) {
+      SyncCounter counter(dev);
+      auto out = (*engine)->Extract(seqs, capture, *dtype, *layout);
+      if (!out.ok()) return Fail(std::string(out.status().message()));
+      syncs = counter.Stop();
     }
     // Attention inputs as the forward has them for one sequence: q [1, Hq, T, D], k and v
     // [1, Hkv, T, D] (transposed views of [1, T, heads, D]).
@@ -191,7 +226,7 @@ int main(int argc, char** argv) {
       k = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
       v = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
     }
-    std::vector<double> times, gemm_times, attention_times;
+    std::vector<double> times, gemm_times, attention_times, forward_times, copy_times;
     for (int r = 0; r < warmup + reps; ++r) {
       SynchronizeDevice(dev);
       auto t0 = std::chrono::steady_clock::now();
@@ -201,6 +236,36 @@ int main(int argc, char** argv) {
       auto t1 = std::chrono::steady_clock::now();
       if (!out.ok()) return Fail(std::string(out.status().message()));
       if (r >= warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      if (breakdown) {
+        c10::InferenceMode inference;
+        std::vector<std::vector<CapturedStates>> kept;
+        auto f0 = std::chrono::steady_clock::now();
+        for (const auto& group : groups)
+          kept.push_back((*engine)->model().ForwardPacked(group, capture));
+        SynchronizeDevice(dev);
+        auto f1 = std::chrono::steady_clock::now();
+        state_bytes = 0;
+        for (const auto& group : kept) {
+          for (const CapturedStates& c : group) {
+            std::vector<at::Tensor> taps;
+            if (c.embedding.defined()) taps.push_back(c.embedding);
+            for (const auto& [id, t] : c.layers) taps.push_back(t);
+            if (c.final_norm.defined()) taps.push_back(c.final_norm);
+            for (const at::Tensor& t : taps) {
+              at::Tensor host = at::empty(
+                  t.sizes(), at::TensorOptions().dtype(*dtype).pinned_memory(dev.is_cuda()));
+              host.copy_(t);
+              state_bytes += static_cast<int64_t>(host.nbytes());
+            }
+          }
+        }
+        SynchronizeDevice(dev);
+        auto f2 = std::chrono::steady_clock::now();
+        if (r >= warmup) {
+          forward_times.push_back(std::chrono::duration<double>(f1 - f0).count());
+          copy_times.push_back(std::chrono::duration<double>(f2 - f1).count());
+        }
+      }
       if (!gemm) continue;
       {
         c10::InferenceMode inference;
@@ -242,10 +307,21 @@ int main(int argc, char** argv) {
                             AttentionKernelName(
                                 AttentionKernelOf(kernel_set), *dtype, dev)},
                            {"kernels", KernelSetName(kernel_set)}};
+    line["packed_rows"] = (*engine)->packed_rows();
+    line["device"] = dev.str();
+    line["host_copies"] = HostCopies(dev).asynchronous() ? "async" : "sync";
     if (gemm) {
       line["gemm_times_s"] = gemm_times;
       line["attention_times_s"] = attention_times;
+      line["gemm_calls"] = calls;
+      line["gemm_rows"] = call_rows;
     }
+    if (breakdown) {
+      line["forward_times_s"] = forward_times;
+      line["copy_times_s"] = copy_times;
+      line["state_bytes"] = state_bytes;
+    }
+    if (!syncs.is_null()) line["syncs"] = syncs;
     std::cout << line.dump() << std::endl;
   }
   return 0;

@@ -9,7 +9,10 @@
 #                        Symbolic links are replaced by copies, so the kit survives any file copy.
 #   build/gpu-kit/ref    tiny random checkpoints and transformers' fp32 CPU reference for them:
 #                        all hidden states of token sequences of lengths 1, 33, 130, and greedy
-#                        generations (20 tokens) with the top-2 logit margin of every step.
+#                        generations (20 tokens) with the top-2 logit margin of every step; the
+#                        held-out prompts as token ids (replay_prompts.json).
+#   build/gpu-kit/bin    the engine binaries and the model tests built against the GPU host's
+#                        torch version (SPECWIRE_GPU_TORCH_VERSION, default 2.11.0; "none" skips).
 #
 # Prints the `carry` list for the device tool at the end. Safe to rerun (downloads are cached in
 # build/gpu-kit-debs, which is not carried).
@@ -247,10 +250,63 @@ for name, overrides, hybrid in CHECKPOINTS:
 (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 PYEOF
 
+# The held-out prompts as the shipped target's token ids (the GPU host has no tokenizer to trust
+# for this): the replay and live-loop checks of scripts/gpu_decode.sh.
+"$PY" - "$KIT/ref/replay_prompts.json" <<'PYEOF'
+import json
+import sys
+
+from tokenizers import Tokenizer
+
+tok = Tokenizer.from_file("models/tiny-qwen3/tokenizer.json")
+prompts = [json.loads(line)["prompt"] for line in open("models/heldout_prompts.jsonl")][:12]
+json.dump([tok.encode(p).ids for p in prompts], open(sys.argv[1], "w"))
+PYEOF
+
+# ---------------------------------------------------------------------------------------------
+# d. The engine binaries, built HERE against the GPU host's torch (its version: the wheel from
+#    PyPI, headers and libraries only) with CUDA and the unit tests: the host runs them instead of
+#    spending its time on a build, and reruns the model tests on its device (gpu_decode.sh).
+#    gpu_env.sh uses them only when the host's torch has exactly this version, else it builds.
+#    SPECWIRE_GPU_TORCH_VERSION=none skips this.
+# ---------------------------------------------------------------------------------------------
+TORCH_VERSION=${SPECWIRE_GPU_TORCH_VERSION:-2.11.0}
+if [ "$TORCH_VERSION" != none ]; then
+  WHEEL_DIR=build/gpu-kit-torch/$TORCH_VERSION
+  if [ ! -f "$WHEEL_DIR/ext/torch/version.py" ]; then
+    log "fetching torch $TORCH_VERSION (the GPU host's) for its headers and libraries"
+    mkdir -p "$WHEEL_DIR"
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 -d "$WHEEL_DIR" "torch==$TORCH_VERSION"
+    (cd "$WHEEL_DIR" && unzip -q -o torch-*.whl 'torch/include/*' 'torch/lib/*' 'torch/version.py' -d ext)
+  fi
+  # The CUDA libraries libtorch_cuda links are only read by the linker (rpath-link): this
+  # machine's CUDA 13 wheels have the same sonames.
+  ln -sfn "$("$PY" -c 'import os, nvidia; print(os.path.dirname(nvidia.__path__[0] + "/x"))')" \
+    "$WHEEL_DIR/ext/nvidia"
+  KIT_BUILD=build/gpu-kit-build
+  export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  cmake -S "$ROOT" -B "$KIT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECWIRE_ENGINE_ONLY=ON \
+    -DSPECWIRE_CUDA=ON -DSPECWIRE_TESTS=ON -DSPECWIRE_DEPS_ROOT="$ROOT/$DEPS" \
+    -DSPECWIRE_TORCH_DIR="$ROOT/$WHEEL_DIR/ext/torch" -DPython3_EXECUTABLE="$PY" >/dev/null
+  log "building the engine binaries against torch $TORCH_VERSION (CUDA) in $KIT_BUILD"
+  cmake --build "$KIT_BUILD" -j "$(nproc)" --target specwire-extract specwire-bench-extract \
+    specwire-bench-decode specwire-replay models_tests >/dev/null
+  mkdir -p "$KIT/bin"
+  for b in services/extractor/specwire-extract bench/specwire-bench-extract \
+           bench/specwire-bench-decode services/scorer/specwire-replay common/models_tests; do
+    cp "$KIT_BUILD/$b" "$KIT/bin/"
+  done
+  "$PY" -c "import runpy; print(runpy.run_path('$WHEEL_DIR/ext/torch/version.py')['__version__'])" \
+    > "$KIT/bin/torch_version"
+  log "binaries for torch $(cat "$KIT/bin/torch_version"): $(du -sh "$KIT/bin" | cut -f1)"
+fi
+
 log "kit: $(du -sh "$KIT" | cut -f1) in $KIT (deps $(du -sh "$DEPS" | cut -f1), ref $(du -sh "$KIT/ref" | cut -f1))"
 # ---------------------------------------------------------------------------------------------
 # c. What the device tool must carry (ignored paths, relative to the repository root).
 # ---------------------------------------------------------------------------------------------
 echo
 echo "carry: [\"$KIT\"]"
-echo "then on the GPU host: bash scripts/gpu_check.sh"
+echo "then on the GPU host: bash scripts/gpu_check.sh; bash scripts/gpu_prefill.sh; bash scripts/gpu_decode.sh"

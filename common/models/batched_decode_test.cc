@@ -23,7 +23,7 @@ struct Case {
   int64_t arrival = 0;  // step of the batched schedule at which it is submitted
 };
 
-std::vector<Case> RandomCases(uint64_t seed, int64_t vocab, int n) {
+std::vector<Case> RandomCases(uint64_t seed, int64_t vocab, int n, int arrival_steps) {
   std::mt19937_64 g(seed);
   std::vector<Case> cases(n);
   for (int i = 0; i < n; ++i) {
@@ -31,7 +31,7 @@ std::vector<Case> RandomCases(uint64_t seed, int64_t vocab, int n) {
     const int64_t len = (g() % 4 == 0) ? 1 + g() % (2 * kPrefillChunkTokens + 40) : 1 + g() % 40;
     for (int64_t t = 0; t < len; ++t) cases[i].prompt.push_back(static_cast<int64_t>(g() % vocab));
     cases[i].max_new_tokens = 1 + static_cast<int64_t>(g() % 20);
-    cases[i].arrival = static_cast<int64_t>(g() % 12);
+    cases[i].arrival = static_cast<int64_t>(g() % arrival_steps);
   }
   return cases;
 }
@@ -57,8 +57,10 @@ std::vector<at::Tensor> Alone(DecoderModel& model, const Case& c) {
   return logits;
 }
 
-void ExpectBatchInvariant(DecoderModel& model, uint64_t seed, const std::string& what) {
-  const std::vector<Case> cases = RandomCases(seed, model.config().vocab_size, 9);
+void ExpectBatchInvariant(DecoderModel& model, uint64_t seed, const std::string& what,
+                          int sequences = 9, int arrival_steps = 12, int64_t min_rows = 3) {
+  const std::vector<Case> cases =
+      RandomCases(seed, model.config().vocab_size, sequences, arrival_steps);
   std::vector<std::vector<at::Tensor>> alone;
   for (const Case& c : cases) alone.push_back(Alone(model, c));
 
@@ -97,7 +99,7 @@ void ExpectBatchInvariant(DecoderModel& model, uint64_t seed, const std::string&
     for (size_t i = 0; i < cases.size(); ++i) done &= seqs[i] && seqs[i]->finished();
     if (done) break;
   }
-  EXPECT_GE(max_rows, 3) << what << ": the schedule should decode several rows at once";
+  EXPECT_GE(max_rows, min_rows) << what << ": the schedule should decode several rows at once";
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_TRUE(seqs[i] && seqs[i]->finished()) << what << " case " << i;
     ASSERT_EQ(batched[i].size(), alone[i].size()) << what << " case " << i;
@@ -133,6 +135,18 @@ TEST_P(BatchedDecode, WideHybridRowsEqualTheSequenceAlone) {
   c.hidden_size = 96;
   auto model = testing::RandomTinyHybrid(GetParam(), 9, c);
   ExpectBatchInvariant(*model, 7, "wide hybrid");
+}
+
+// More rows than a vector register's worth of elementwise work: the stacked rows of sigmoid,
+// silu and softplus (the Gated DeltaNet's write strength, decay and output gate, the MLP's
+// activation) must not split a row between ATen's vectorised body and its scalar tail
+// differently than the row alone (decoder.h: ByBatchRows); up to 24 rows here.
+TEST_P(BatchedDecode, ManyRowsEqualTheSequenceAlone) {
+  c10::InferenceMode inference;
+  auto dense = testing::RandomTinyDense(GetParam());
+  ExpectBatchInvariant(*dense, 11, "dense, many rows", 24, 3, 9);
+  auto hybrid = testing::RandomTinyHybrid(GetParam());
+  ExpectBatchInvariant(*hybrid, 12, "hybrid, many rows", 24, 3, 9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BatchedDecode, ::testing::Values(at::kFloat, at::kBFloat16),

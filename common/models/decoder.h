@@ -89,6 +89,35 @@ void ForEachRowRange(const std::vector<PackedSegment>* segments, int64_t rows, F
   for (const PackedSegment& s : *segments) fn(s.start, s.length);
 }
 
+// fn(first, count) over batch rows [first, first + count) of a computation whose every row
+// must come out as it would alone; the results (dim 0 = rows) are joined. On the CPU, ATen
+// computes sigmoid, silu and softplus with one formula in a contiguous loop's vectorised body and
+// another in its scalar tail (one ulp apart at times), so an element's bits depend on where the
+// tail falls, i.e. on how many rows precede it. Rows of whole 64-element blocks (`row_elements`,
+// contiguous) split alike stacked or alone, and a GPU computes every element with one formula:
+// there fn runs once over all rows; otherwise once per row.
+template <typename Fn>
+at::Tensor ByBatchRows(int64_t rows, int64_t row_elements, bool cpu, Fn&& fn) {
+  if (rows <= 1 || !cpu || row_elements % 64 == 0) return fn(int64_t{0}, rows);
+  std::vector<at::Tensor> out;
+  out.reserve(rows);
+  for (int64_t r = 0; r < rows; ++r) out.push_back(fn(r, int64_t{1}));
+  return at::cat(out, 0);
+}
+
+// op(x) by ByBatchRows over x's dim 0 (op takes and returns a tensor; an in-place op returns its
+// argument).
+template <typename Op>
+at::Tensor ByBatchRow(const at::Tensor& x, Op&& op) {
+  const int64_t rows = x.size(0);
+  // The contiguous run a row's loop goes over: the whole row, or (a strided view) its last dim.
+  const int64_t row_elements = x.is_contiguous() && rows > 0      ? x.numel() / rows
+                               : x.dim() > 1 && x.stride(-1) == 1 ? x.size(-1)
+                                                                  : 1;
+  return ByBatchRows(rows, row_elements, x.is_cpu(),
+                     [&](int64_t first, int64_t n) { return op(x.narrow(0, first, n)); });
+}
+
 // Per-segment results [1, length, C], in segment order, joined into [1, rows, C] (zeros in the
 // padding rows after the last segment).
 at::Tensor JoinSegments(std::vector<at::Tensor> parts, int64_t rows);
@@ -211,6 +240,13 @@ class DecoderModel {
   // sequence's tokens are the same whatever else decodes beside it (decoder_test.cc:
   // DecodeStep.*, batched_decode_test.cc).
   at::Tensor DecodeStep(const std::vector<int64_t>& tokens, const std::vector<ModelCache*>& caches);
+  // DecodeStep's work after the embedding: `embedded` [M, 1, H] (rows past caches.size() are
+  // padding), ctx[i] the position of row i (past_len = its cache's length, seq_len 1). Returns
+  // the logits of all M rows and leaves the caches' lengths alone (DecodeStep advances them).
+  // Only device work is queued, nothing waits for the device: a CUDA graph can capture it
+  // (bench/decode_bench.cc measures what that would save).
+  at::Tensor DecodeRowsLogits(const at::Tensor& embedded, const std::vector<ForwardContext>& ctx,
+                              const std::vector<ModelCache*>& caches);
 
   // Sequences packed one after another into a single forward (no cache, no logits): the layers'
   // matrix products run once over every sequence's rows (InvariantRows(total) rows, padding
@@ -219,6 +255,16 @@ class DecoderModel {
   // each is bit-identical to a packed forward of that sequence alone.
   std::vector<CapturedStates> ForwardPacked(const std::vector<std::vector<int64_t>>& sequences,
                                             const CaptureSpec& capture);
+
+  // Decoding steps run on at least this many rows (default kMinRows): one row count for every
+  // batch up to it, so that a library whose kernel choice depends on the row count in ways
+  // InvariantRows does not cover still gives a row the same bits (a GPU's decode is bound by
+  // reading the weights, so extra rows cost little there).
+  void SetDecodeRowFloor(int64_t rows) { decode_row_floor_ = rows; }
+  int64_t decode_row_floor() const { return decode_row_floor_; }
+
+  // The decoding steps' row floor on CUDA (DecoderModel::Prepare).
+  static constexpr int64_t kCudaDecodeRows = 64;
 
   static constexpr int64_t kRowQuantum = 4;
   static constexpr int64_t kMinRows = 8;
@@ -252,6 +298,7 @@ class DecoderModel {
   Linear logits_;
   at::Device input_device_ = at::kCPU;
   at::Device output_device_ = at::kCPU;
+  int64_t decode_row_floor_ = kMinRows;
 };
 
 }  // namespace specwire

@@ -13,6 +13,7 @@
 #include "common/model_config.h"
 #include "common/models/llama.h"
 #include "common/models/rope.h"
+#include "common/models/test_models.h"
 #include "gtest/gtest.h"
 
 namespace specwire {
@@ -54,7 +55,7 @@ ModelConfig SlidingConfig(int64_t layers = 2) {
 }
 
 // Fills every weight the model lists with seeded noise (norm weights near 1, matrices scaled by
-// 1 / sqrt(fan_in)) and places the model on the CPU.
+// 1 / sqrt(fan_in)) and places the model on the test device (testing::TestDevice).
 void FillRandom(DecoderModel& model, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   model.ForEachWeight([&](const WeightSlot& s) {
@@ -68,7 +69,7 @@ void FillRandom(DecoderModel& model, uint64_t seed) {
     }
     *s.slot = t;
   });
-  model.Prepare(std::vector<at::Device>(model.num_layers(), at::Device(at::kCPU)));
+  model.Prepare(std::vector<at::Device>(model.num_layers(), testing::TestDevice()));
 }
 
 std::unique_ptr<DecoderModel> RandomModel(const ModelConfig& config, uint64_t seed = 7) {

@@ -93,6 +93,62 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> BuildModel(const ModelConfig& c,
       absl::StrCat("architecture ", c.architecture, " has no implementation in this build"));
 }
 
+// What the contract says of the model as built, whatever its weights came from.
+void FillContract(const DecoderModel& model, const ModelConfig& config,
+                  const std::vector<at::Device>& devices, at::ScalarType dtype,
+                  ExtractionContract& c) {
+  c.architecture = config.architecture;
+  c.model_type = config.model_type;
+  c.num_layers = config.num_layers;
+  c.hidden_size = config.hidden_size;
+  c.vocab_size = config.vocab_size;
+  for (LayerType t : config.layer_types) c.layer_types.push_back(LayerTypeName(t));
+  c.compute_dtype = ScalarTypeName(dtype);
+  for (const at::Device& d : devices) c.devices.push_back(d.str());
+  std::set<std::string> kernels;
+  for (int64_t i = 0; i < model.num_layers(); ++i) kernels.insert(model.layer(i).KernelVariant());
+  c.kernel_variant = absl::StrCat(absl::StrJoin(kernels, "; "), " (libtorch ", TORCH_VERSION_MAJOR,
+                                  ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH, ")");
+  c.specwire_version = SPECWIRE_VERSION;
+}
+
+// The device a weight runs on: its layer's (model.layers.{i}.*), the first layer's for the
+// embedding, the last layer's for the final norm and lm_head.
+at::Device WeightDevice(const std::string& name, const std::vector<at::Device>& devices) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (name.starts_with(kLayers)) {
+    int64_t layer = 0;
+    const std::string rest = name.substr(kLayers.size());
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= 0 &&
+        layer < static_cast<int64_t>(devices.size())) {
+      return devices[layer];
+    }
+  }
+  return name.starts_with("model.embed_tokens.") ? devices.front() : devices.back();
+}
+
+// Random weights drawn where they run (LoadOptions::random_weights_seed): normal(0, 0.02), RMS
+// norms 1, so that activations keep their scale through a deep stack in bf16. The Gated DeltaNet
+// decay parameters take transformers' initialisation ranges (A in [1, 16), dt_bias around 0).
+void DrawRandomWeights(DecoderModel& model, const std::vector<at::Device>& devices,
+                       at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  model.ForEachWeight([&](const WeightSlot& slot) {
+    const auto opts = at::TensorOptions()
+                          .dtype(slot.keep_fp32 ? at::kFloat : dtype)
+                          .device(WeightDevice(slot.name, devices));
+    if (slot.name.ends_with("norm.weight")) {
+      *slot.slot = at::ones(slot.shape, opts);
+    } else if (slot.name.ends_with("A_log")) {
+      *slot.slot = at::log(at::rand(slot.shape, opts.dtype(at::kFloat)) * 15 + 1).to(opts);
+    } else if (slot.name.ends_with("dt_bias")) {
+      *slot.slot = at::randn(slot.shape, opts) * 0.1;
+    } else {
+      *slot.slot = at::randn(slot.shape, opts) * 0.02;
+    }
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<at::Device>> ResolveDeviceMap(const std::string& spec,
@@ -170,10 +226,38 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
     SW_RETURN_IF_ERROR(ApplyGenerationConfig(gen_text, loaded->config, gen_path));
   }
   const ModelConfig& config = loaded->config;
-  SW_ASSIGN_OR_RETURN(loaded->checkpoint, Checkpoint::Open(dir));
-  const Checkpoint& ckpt = *loaded->checkpoint;
   SW_ASSIGN_OR_RETURN(std::vector<at::Device> devices,
                       ResolveDeviceMap(options.device_map, config.num_layers));
+  // float32 means float32 on a GPU too: cuDNN's convolutions (the Gated DeltaNet's causal
+  // convolution) would otherwise round their inputs to TF32 (torch's default there; its matrix
+  // products already default to full fp32), ~1e-3 from the CPU's and transformers' fp32 states.
+  const bool cuda =
+      std::any_of(devices.begin(), devices.end(), [](const at::Device& d) { return d.is_cuda(); });
+  if (cuda && options.dtype == at::kFloat) at::globalContext().setAllowTF32CuDNN(false);
+  // cuDNN's attention builds an execution plan for every new shape: a decoding step has a new
+  // key length for every sequence at every step, and an extraction one per prompt length (an
+  // H200 measured 72 ms per Qwen3-8B-shaped decoding step at batch 1 as key lengths grew,
+  // against 23 ms for the same step at a fixed length; tiny bf16 targets decoded 10-16x slower
+  // than fp32, which cuDNN does not serve). Flash and memory-efficient attention need no plan.
+  if (cuda) at::globalContext().setSDPUseCuDNN(false);
+  if (options.random_weights_seed.has_value()) {
+    SW_RETURN_IF_ERROR(RunGuarded("drawing random weights for " + dir, [&]() -> absl::Status {
+      SW_ASSIGN_OR_RETURN(loaded->model, BuildModel(config, options.dtype, options.kernels));
+      DrawRandomWeights(*loaded->model, devices, options.dtype, *options.random_weights_seed);
+      loaded->model->Prepare(devices);
+      return absl::OkStatus();
+    }));
+    FillContract(*loaded->model, config, devices, options.dtype, loaded->contract);
+    ExtractionContract& c = loaded->contract;
+    c.source_layout = "random";
+    c.source_architecture = config.architecture;
+    c.weight_prefix = kTextPrefix;
+    c.weights_digest = absl::StrCat("random:seed=", *options.random_weights_seed);
+    loaded->model->ForEachWeight([&](const WeightSlot&) { ++c.tensors_loaded; });
+    return loaded;
+  }
+  SW_ASSIGN_OR_RETURN(loaded->checkpoint, Checkpoint::Open(dir));
+  const Checkpoint& ckpt = *loaded->checkpoint;
 
   // Source layout: where the text model's tensors live.
   bool vlm_tensors = false;
@@ -272,8 +356,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
     model.Prepare(devices);
 
     ExtractionContract& c = loaded->contract;
-    c.architecture = config.architecture;
-    c.model_type = config.model_type;
+    FillContract(model, config, devices, options.dtype, c);
     c.source_layout = vlm ? "vlm" : "text";
     c.source_architecture = config.vlm_packaged ? config.vlm_architecture : config.architecture;
     c.weight_prefix = prefix;
@@ -282,16 +365,6 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
       c.tensors_skipped += s.count;
       c.skipped.push_back(s);
     }
-    c.num_layers = config.num_layers;
-    c.hidden_size = config.hidden_size;
-    c.vocab_size = config.vocab_size;
-    for (LayerType t : config.layer_types) c.layer_types.push_back(LayerTypeName(t));
-    c.compute_dtype = ScalarTypeName(options.dtype);
-    for (const at::Device& d : devices) c.devices.push_back(d.str());
-    std::set<std::string> kernels;
-    for (int64_t i = 0; i < model.num_layers(); ++i) kernels.insert(model.layer(i).KernelVariant());
-    c.kernel_variant = absl::StrCat(absl::StrJoin(kernels, "; "), " (libtorch ", TORCH_VERSION_MAJOR, ".",
-                                    TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH, ")");
     c.weights_digest = digest.Hex();
     const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
     if (std::filesystem::exists(tok_path)) {
@@ -299,7 +372,6 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
       c.tokenizer_digest =
           DigestBytes(std::as_bytes(std::span<const char>(tok.data(), tok.size())));
     }
-    c.specwire_version = SPECWIRE_VERSION;
     SW_ASSIGN_OR_RETURN(c.chat_template_digest, ChatTemplateDigest(dir));
     return absl::OkStatus();
   });

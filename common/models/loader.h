@@ -39,10 +39,16 @@ struct LoadOptions {
   // (ResolveKernelSet, which says why): reference for the Qwen3.5 hybrid, fast for the dense
   // families.
   std::optional<KernelSet> kernels;
+  // Benchmarks only: no weights are read. Every tensor config.json implies is drawn on the device
+  // that runs it (normal(0, 0.02); RMS-norm weights 1), so a large target's shape can be timed
+  // on a host that holds only its config.json. The contract says so (source_layout "random",
+  // weights_digest "random:seed=N").
+  std::optional<uint64_t> random_weights_seed;
 };
 
 struct LoadedModel {
   // Kept alive: CPU weights whose dtype already matches are views into its mapping (no copy).
+  // Null for random weights (LoadOptions::random_weights_seed).
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<DecoderModel> model;
   ModelConfig config;

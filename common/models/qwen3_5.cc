@@ -92,7 +92,7 @@ at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& w, const at::
     y = at::conv1d(at::cat({prev, x}, 2).to(w.scalar_type()), w, std::nullopt, at::IntArrayRef{1},
                    at::IntArrayRef{0}, at::IntArrayRef{1}, C);
   }
-  return at::silu(y).to(x.scalar_type());
+  return ByBatchRow(y, [](const at::Tensor& r) { return at::silu(r); }).to(x.scalar_type());
 }
 
 // Qwen3_5RMSNormGated: plain-w RMSNorm over dv, then × silu(z). Rounded like transformers: the
@@ -303,8 +303,9 @@ at::Tensor Qwen3_5DecoderLayer::Mlp(at::Tensor out,
   at::Tensor act = gate_(m);  // [B, T, I]
   at::Tensor up = up_(m);
   ForEachRowRange(segments, act.size(1), [&](int64_t start, int64_t len) {
-    at::Tensor a = act.narrow(1, start, len);
-    at::silu_(a).mul_(up.narrow(1, start, len));  // silu(gate) · up, in place
+    // silu(gate) · up, in place; decoding rows each as alone (ByBatchRow).
+    ByBatchRow(act.narrow(1, start, len), [](at::Tensor a) { return at::silu_(a); });
+    act.narrow(1, start, len).mul_(up.narrow(1, start, len));
   });
   out.add_(down_(act));
   return out;
@@ -408,7 +409,8 @@ at::Tensor GatedAttentionLayer::MixRows(const at::Tensor& n, const std::vector<D
   }
   const int64_t pad = n.size(0) - static_cast<int64_t>(rows.size());
   if (pad > 0) attn.push_back(at::zeros({pad, 1, heads_ * head_dim_}, n.options()));
-  at::Tensor a = at::cat(attn, 0) * at::sigmoid(p.gate);
+  at::Tensor a =
+      at::cat(attn, 0) * ByBatchRow(p.gate, [](const at::Tensor& g) { return at::sigmoid(g); });
   return o_(a);
 }
 
@@ -518,9 +520,12 @@ at::Tensor GatedDeltaNetLayer::Recur(const at::Tensor& mixed_btc, const at::Tens
   at::Tensor k = conv.narrow(-1, key_dim_, key_dim_).view({B, T, nk_, dk_});
   at::Tensor v = conv.narrow(-1, 2 * key_dim_, value_dim_).view({B, T, nv_, dv_});
 
-  at::Tensor beta = at::sigmoid(b);  // write strength, compute dtype
+  // Write strength, compute dtype (decoding rows stacked: each row's bits as alone, ByBatchRow).
+  at::Tensor beta = ByBatchRow(b, [](const at::Tensor& x) { return at::sigmoid(x); });
   // Log decay in fp32: g = −exp(A_log) · softplus(a + dt_bias)  (dt_bias promoted to fp32).
-  at::Tensor g = -a_log_.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias_);
+  at::Tensor g =
+      -a_log_.to(at::kFloat).exp() *
+      ByBatchRow(a.to(at::kFloat) + dt_bias_, [](const at::Tensor& x) { return at::softplus(x); });
 
   at::Tensor initial = continues ? cache->recurrent_state : at::Tensor();
   // transformers: the recurrent kernel only for one-token steps on an existing state; prompts
@@ -533,8 +538,12 @@ at::Tensor GatedDeltaNetLayer::Recur(const at::Tensor& mixed_btc, const at::Tens
           : GatedDeltaRuleChunked(q, k, v, g, beta, initial, /*chunk_size=*/64);
   if (cache != nullptr) cache->recurrent_state.copy_(r.final_state);
 
-  at::Tensor o = GatedRmsNorm(r.out.reshape({-1, dv_}), z.reshape({-1, dv_}), norm_w_, eps_);
-  return o.reshape({B, T, value_dim_});
+  // Per batch row where stacked rows would round the gate's silu otherwise (ByBatchRows).
+  return ByBatchRows(B, T * value_dim_, z.is_cpu(), [&](int64_t first, int64_t n) {
+    return GatedRmsNorm(r.out.narrow(0, first, n).reshape({-1, dv_}),
+                        z.narrow(0, first, n).reshape({-1, dv_}), norm_w_, eps_)
+        .reshape({n, T, value_dim_});
+  });
 }
 
 at::Tensor GatedDeltaNetLayer::Mix(const at::Tensor& n, const ForwardContext& ctx,

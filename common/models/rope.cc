@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "common/models/torch_util.h"
 
 namespace specwire {
 namespace {
@@ -39,7 +44,8 @@ at::Tensor YarnInverseFrequencies(const RopeConfig& rope, int64_t dim) {
 
 }  // namespace
 
-RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim) {
+RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
+    : device_copies_(std::make_shared<DeviceCopies>()) {
   // transformers' dim = int(head_dim × partial_rotary_factor); an odd dim still gives
   // ceil(dim / 2) frequencies (arange(0, dim, 2)), which turn twice as many dims.
   const int64_t dim =
@@ -71,11 +77,30 @@ RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim) {
   inv_freq_ = inv_freq.contiguous();
 }
 
+struct RotaryEmbedding::DeviceCopies {
+  std::mutex mu;
+  std::map<std::string, at::Tensor> by_device;
+};
+
+const at::Tensor& RotaryEmbedding::InvFreqOn(const at::Device& device) const {
+  if (device.is_cpu()) return inv_freq_;
+  std::lock_guard<std::mutex> lock(device_copies_->mu);
+  at::Tensor& t = device_copies_->by_device[device.str()];
+  if (!t.defined()) t = ToDeviceAsync(inv_freq_, device);
+  return t;  // std::map never moves its elements
+}
+
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::CosSin(int64_t start, int64_t len,
                                                           at::ScalarType dtype,
                                                           const at::Device& device) const {
-  at::Tensor pos = at::arange(start, start + len, at::kLong).to(at::kFloat);  // [T]
-  at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);               // [T, dim/2]
+  // On a GPU the table is computed there, as transformers computes it (inv_freq is a buffer
+  // on the model's device; the position product, cos and sin run on the device): the host
+  // never waits for a copy, and the values are the device's own cos and sin.
+  at::Tensor pos =
+      at::arange(start, start + len, at::TensorOptions().dtype(at::kLong).device(device))
+          .to(at::kFloat);                                                    // [T]
+  const at::Tensor& inv = InvFreqOn(device);                                  // [dim/2]
+  at::Tensor freqs = pos.unsqueeze(1) * inv.unsqueeze(0);                     // [T, dim/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);                               // [T, dim]
   // attention_scaling is 1.0 for default, linear and llama3 (an exact no-op in fp32).
   return {(emb.cos() * attention_scaling_).to(device, dtype),

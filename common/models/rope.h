@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+
 #include "common/model_config.h"
 
 namespace specwire {
@@ -28,9 +30,15 @@ class RotaryEmbedding {
   static at::Tensor Apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
  private:
+  // inv_freq_ on the devices it has been asked for (one host copy per device, ever: a forward
+  // then queues only device work, which a CUDA graph can capture). Shared by copies.
+  struct DeviceCopies;
+  const at::Tensor& InvFreqOn(const at::Device& device) const;
+
   int64_t rotary_dim_;
   at::Tensor inv_freq_;
   double attention_scaling_ = 1.0;
+  std::shared_ptr<DeviceCopies> device_copies_;
 };
 
 }  // namespace specwire

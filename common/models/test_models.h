@@ -4,7 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,14 @@
 
 namespace specwire {
 namespace testing {
+
+// The device the tiny targets run on: SPECWIRE_TEST_DEVICE ("cuda", "cuda:1"; default cpu), so
+// that a GPU host reruns the decoding, session and packing tests on its device
+// (scripts/gpu_decode.sh).
+inline at::Device TestDevice() {
+  const char* env = std::getenv("SPECWIRE_TEST_DEVICE");
+  return env != nullptr && *env != '\0' ? at::Device(std::string(env)) : at::Device(at::kCPU);
+}
 
 // A tiny hybrid: 3 GatedDeltaNet layers, then one gated full-attention layer, then one more GDN.
 inline ModelConfig TinyHybridConfig() {
@@ -60,7 +70,7 @@ inline std::unique_ptr<DecoderModel> RandomTinyHybrid(at::ScalarType dtype = at:
       *s.slot = at::randn(s.shape) * 0.2;
     }
   });
-  model->Prepare(std::vector<at::Device>(5, at::kCPU));
+  model->Prepare(std::vector<at::Device>(config.num_layers, TestDevice()));
   return model;
 }
 
@@ -80,7 +90,7 @@ inline std::unique_ptr<DecoderModel> RandomTinyDense(at::ScalarType dtype = at::
     at::Tensor t = at::randn(s.shape);
     *s.slot = s.shape.size() == 1 ? 1.0 + 0.1 * t : t / std::sqrt(double(s.shape.back()));
   });
-  model->Prepare(std::vector<at::Device>(layers, at::kCPU));
+  model->Prepare(std::vector<at::Device>(layers, TestDevice()));
   return model;
 }
 

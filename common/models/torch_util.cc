@@ -91,6 +91,12 @@ void SynchronizeDevice(const at::Device& d) {
 #endif
 }
 
+at::Tensor ToDeviceAsync(const at::Tensor& host, const at::Device& device) {
+  if (!device.is_cuda() || !host.device().is_cpu()) return host.to(device);
+  // The pinned staging block returns to torch's host allocator only once the copy has run.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 absl::Status RunGuarded(absl::string_view what, const std::function<absl::Status()>& fn) {
   try {
     return fn();

@@ -30,6 +30,12 @@ absl::StatusOr<at::Device> ParseDevice(absl::string_view name);
 bool CudaAvailable();
 void SynchronizeDevice(const at::Device& d);
 
+// A host tensor on `device` without making the host wait for the device: on a GPU the bytes go
+// through pinned memory with an asynchronous copy (a plain .to() from pageable memory blocks the
+// host until the device has finished all queued work: a stall per call in a forward that copies
+// token ids or position tables); elsewhere a plain .to().
+at::Tensor ToDeviceAsync(const at::Tensor& host, const at::Device& device);
+
 // Runs `fn`, turning a c10::Error (or std::exception) it throws into INTERNAL (or
 // RESOURCE_EXHAUSTED for out-of-memory) with `what` as context.
 absl::Status RunGuarded(absl::string_view what, const std::function<absl::Status()>& fn);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/models/host_copies.h"
 #include "common/models/torch_util.h"
 #include "common/splitmix.h"
 #include "common/status.h"
@@ -106,8 +107,8 @@ absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::strin
   if (name == "packed") return BatchLayout::kPacked;
   if (name == "per_sequence") return BatchLayout::kPerSequence;
   if (name == "padded") return BatchLayout::kPadded;
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": \"", name, "\" is not a batch layout (packed, per_sequence, padded)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": \"", name, "\" is not a batch layout (auto, packed, per_sequence, padded)"));
 }
 
 const char* BatchLayoutName(BatchLayout layout) {
@@ -124,9 +125,11 @@ const char* BatchLayoutName(BatchLayout layout) {
 
 namespace {
 
-// One sequence's captured rows ([length, hidden] each), on the host in `out_dtype`.
-void TakeStates(const CapturedStates& rows, at::ScalarType out_dtype, SequenceStates& o) {
-  auto take = [&](const at::Tensor& t) { return t.to(at::kCPU, out_dtype).contiguous(); };
+// One sequence's captured rows ([length, hidden] each), on the host in `out_dtype` once
+// `copies` has finished.
+void TakeStates(const CapturedStates& rows, at::ScalarType out_dtype, HostCopies& copies,
+                SequenceStates& o) {
+  auto take = [&](const at::Tensor& t) { return copies.Queue(t, out_dtype); };
   if (rows.embedding.defined()) o.embedding = take(rows.embedding);
   for (const auto& [id, t] : rows.layers) o.layers[id] = take(t);
   if (rows.final_norm.defined()) o.final_norm = take(rows.final_norm);
@@ -136,7 +139,7 @@ void TakeStates(const CapturedStates& rows, at::ScalarType out_dtype, SequenceSt
 // see the padding); each sequence's states go to out[first + b].
 void ForwardPadded(DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                    size_t first, size_t count, const CaptureSpec& capture, at::ScalarType out_dtype,
-                   std::vector<SequenceStates>& out) {
+                   HostCopies& copies, std::vector<SequenceStates>& out) {
   const int64_t B = static_cast<int64_t>(count);
   int64_t T = 0;
   for (size_t b = 0; b < count; ++b) T = std::max<int64_t>(T, sequences[first + b].size());
@@ -150,14 +153,21 @@ void ForwardPadded(DecoderModel& model, const std::vector<std::vector<int64_t>>&
   model.Forward(ids, nullptr, capture, &captured, LogitsMode::kNone);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = static_cast<int64_t>(sequences[first + b].size());
-    TakeStates(captured.Rows(b, 0, len), out_dtype, out[first + b]);
+    TakeStates(captured.Rows(b, 0, len), out_dtype, copies, out[first + b]);
   }
 }
 
 }  // namespace
 
 ExtractionEngine::ExtractionEngine(std::unique_ptr<LoadedModel> model) : model_(std::move(model)) {
-  SetBatchLayout(BatchLayout::kPacked);
+  SetBatchLayout(DefaultBatchLayout());
+}
+
+BatchLayout ExtractionEngine::DefaultBatchLayout() const {
+  const DecoderModel& m = *model_->model;
+  bool cuda = false;
+  for (int64_t i = 0; i < m.num_layers(); ++i) cuda |= m.layer(i).device().is_cuda();
+  return cuda ? BatchLayout::kPerSequence : BatchLayout::kPacked;
 }
 
 void ExtractionEngine::SetBatchLayout(BatchLayout layout) {
@@ -165,8 +175,21 @@ void ExtractionEngine::SetBatchLayout(BatchLayout layout) {
   const size_t at = k.find("; batch layout ");
   if (at != std::string::npos) k.resize(at);
   layout_ = layout;
+  const bool invariant =
+      layout == BatchLayout::kPerSequence ||
+      (layout == BatchLayout::kPacked && DefaultBatchLayout() == BatchLayout::kPacked);
   absl::StrAppend(&k, "; batch layout ", BatchLayoutName(layout),
-                  layout == BatchLayout::kPadded ? "" : " (batch-invariant)");
+                  invariant ? " (batch-invariant)" : " (not batch-invariant)");
+}
+
+absl::Status ExtractionEngine::SetBatchLayout(absl::string_view name, absl::string_view field) {
+  if (name == "auto") {
+    SetBatchLayout(DefaultBatchLayout());
+    return absl::OkStatus();
+  }
+  SW_ASSIGN_OR_RETURN(const BatchLayout layout, ParseBatchLayout(name, field));
+  SetBatchLayout(layout);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
@@ -182,6 +205,8 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
   std::vector<SequenceStates> out(sequences.size());
   absl::Status status = RunGuarded("extract", [&]() -> absl::Status {
     c10::InferenceMode inference;
+    // Each forward's states are copied to the host while the next forward runs (on a GPU).
+    HostCopies copies(model().output_device());
     if (layout == BatchLayout::kPadded) {
       // Longest first, grouped while padding at most doubles a group's tokens: one long
       // sequence never makes every short one as long (the memory and work a padded batch costs
@@ -198,7 +223,7 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
       auto flush = [&] {
         if (group.empty()) return;
         group_out.assign(group.size(), SequenceStates());
-        ForwardPadded(model(), group, 0, group.size(), capture, out_dtype, group_out);
+        ForwardPadded(model(), group, 0, group.size(), capture, out_dtype, copies, group_out);
         for (size_t k = 0; k < members.size(); ++k) out[members[k]] = std::move(group_out[k]);
         group.clear();
         members.clear();
@@ -217,7 +242,7 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
       }
       flush();
     } else if (layout == BatchLayout::kPacked) {
-      // In request order, a forward closed before it would pass kPackedRows tokens.
+      // In request order, a forward closed before it would pass packed_rows_ tokens.
       std::vector<std::vector<int64_t>> group;
       size_t first = 0;
       int64_t tokens = 0;
@@ -225,7 +250,7 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
         if (group.empty()) return;
         std::vector<CapturedStates> states = model().ForwardPacked(group, capture);
         for (size_t k = 0; k < states.size(); ++k) {
-          TakeStates(states[k], out_dtype, out[first + k]);
+          TakeStates(states[k], out_dtype, copies, out[first + k]);
         }
         first += group.size();
         group.clear();
@@ -233,16 +258,17 @@ absl::StatusOr<std::vector<SequenceStates>> ExtractionEngine::Extract(
       };
       for (const auto& seq : sequences) {
         const int64_t len = static_cast<int64_t>(seq.size());
-        if (!group.empty() && tokens + len > kPackedRows) flush();
+        if (!group.empty() && tokens + len > packed_rows_) flush();
         group.push_back(seq);
         tokens += len;
       }
       flush();
     } else {
       for (size_t b = 0; b < sequences.size(); ++b) {
-        ForwardPadded(model(), sequences, b, 1, capture, out_dtype, out);
+        ForwardPadded(model(), sequences, b, 1, capture, out_dtype, copies, out);
       }
     }
+    copies.Finish();
     return absl::OkStatus();
   });
   SW_RETURN_IF_ERROR(status);
@@ -262,6 +288,10 @@ absl::StatusOr<TensorBytes> ExtractionEngine::StoredTensor(const std::string& na
   }
   std::string source = canonical;
   if (source.starts_with("model.")) source = contract().weight_prefix + source.substr(6);
+  if (model_->checkpoint == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor \"", name, "\": the target's weights are random (no checkpoint)"));
+  }
   const TensorView* view = model_->checkpoint->Find(source);
   if (view == nullptr) {
     return absl::NotFoundError(absl::StrCat(

@@ -14,6 +14,7 @@
 #include "common/models/decoder.h"
 #include "common/models/generate.h"
 #include "common/models/loader.h"
+#include "services/extractor/batch_layout.h"
 #include "services/extractor/work.h"
 
 namespace specwire {
@@ -25,31 +26,6 @@ struct SequenceStates {
   at::Tensor final_norm;                 // when requested
 };
 
-// How Extract lays out several sequences.
-enum class BatchLayout {
-  // The sequences packed one after another, without padding, into forwards of up to
-  // kPackedRows tokens: the matrix products run once over every sequence's rows (on
-  // DecoderModel::InvariantRows rows, where a row's rounding does not depend on the row count),
-  // attention and the recurrences per sequence. A sequence's hidden states are bit-identical
-  // whatever else shares the request or the batch (fp32 and bf16). The canonical extraction
-  // path and the default.
-  kPacked,
-  // Each sequence runs through its own forward, unpadded: bit-identical whatever shares the batch
-  // by construction (no row is ever shared), at the cost of one smaller forward per sequence.
-  kPerSequence,
-  // Right-padded forwards over groups of similar length (padding at most doubles a group's
-  // tokens): a sequence's low bits depend on what else is in the batch (bf16: up to ~1e-2
-  // relative). For throughput comparisons.
-  kPadded,
-};
-
-// Tokens one packed forward holds at most (a longer sequence runs alone).
-inline constexpr int64_t kPackedRows = 2048;
-
-// "packed" | "per_sequence" | "padded"; INVALID_ARGUMENT names `field`.
-absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field);
-const char* BatchLayoutName(BatchLayout layout);
-
 class ExtractionEngine {
  public:
   static absl::StatusOr<std::unique_ptr<ExtractionEngine>> Load(const std::string& model_dir,
@@ -57,9 +33,20 @@ class ExtractionEngine {
   explicit ExtractionEngine(std::unique_ptr<LoadedModel> model);
 
   const ExtractionContract& contract() const { return model_->contract; }
-  // The layout Extract uses by default; the contract's kernel_variant says which it is.
+  // The layout Extract uses by default; the contract's kernel_variant says which it is and
+  // whether it is batch-invariant on this device.
   void SetBatchLayout(BatchLayout layout);
+  // "auto" (DefaultBatchLayout) or a layout's name; INVALID_ARGUMENT names `field`.
+  absl::Status SetBatchLayout(absl::string_view name, absl::string_view field);
+  // The batch-invariant layout of the model's device: packed on the CPU; per_sequence on CUDA,
+  // where the packed forward's rows are not bit-identical to the sequence alone (cuBLAS chooses
+  // its kernel, and so its summation order, by the row count; measured on an H200).
+  BatchLayout DefaultBatchLayout() const;
   BatchLayout batch_layout() const { return layout_; }
+  // Tokens one packed forward holds at most (default kPackedRows). A GPU needs more rows than a
+  // CPU to reach its matrix-product rate; the states do not depend on it.
+  void SetPackedRows(int64_t rows) { packed_rows_ = rows < 1 ? 1 : rows; }
+  int64_t packed_rows() const { return packed_rows_; }
   const ModelConfig& config() const { return model_->config; }
   DecoderModel& model() { return *model_->model; }
 
@@ -93,6 +80,7 @@ class ExtractionEngine {
  private:
   std::unique_ptr<LoadedModel> model_;
   BatchLayout layout_ = BatchLayout::kPacked;
+  int64_t packed_rows_ = kPackedRows;
   std::map<std::string, std::string> digests_;  // tensor name → digest, computed on first use
 };
 

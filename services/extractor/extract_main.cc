@@ -36,10 +36,7 @@ ABSL_FLAG(std::string, device_map, "cpu",
           "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "packed",
-          "extract: packed (sequences packed without padding, one matrix product per layer for "
-          "all of them: bit-identical whatever shares the batch), per_sequence (each sequence "
-          "its own forward: bit-identical too, slower) or padded (one padded forward).");
+ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
 ABSL_FLAG(std::string, tokens_file, "",
           "JSON file with a list of token-id lists (instead of --tokens).");
@@ -166,9 +163,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   const std::string out_path = absl::GetFlag(FLAGS_out);
   if (out_path.empty()) return absl::InvalidArgumentError("--out is required for extract");
   SW_ASSIGN_OR_RETURN(at::ScalarType out_dtype, ParseComputeDtype(absl::GetFlag(FLAGS_out_dtype)));
-  SW_ASSIGN_OR_RETURN(const BatchLayout layout,
-                      ParseBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout"));
-  engine->SetBatchLayout(layout);  // the contract in the file's metadata says which ran
+  // The contract in the file's metadata says which layout ran.
+  SW_RETURN_IF_ERROR(engine->SetBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout"));
   SW_ASSIGN_OR_RETURN(auto states, engine->Extract(seqs, capture, out_dtype));
 
   std::vector<std::pair<std::string, at::Tensor>> named;

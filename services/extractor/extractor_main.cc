@@ -18,6 +18,7 @@
 #include "common/rpc/server_flags.h"
 #include "common/rpc/server_startup.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/extractor/batch_layout.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/server.h"
@@ -35,12 +36,7 @@ ABSL_FLAG(std::string, cpu_binding, "auto",
           "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
           "several on a host).");
 ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "packed",
-          "How a batch of sequences runs: packed (sequences packed without padding, one matrix "
-          "product per layer for all of them, attention per sequence: hidden states "
-          "bit-identical whatever shares the batch), per_sequence (each sequence its own "
-          "forward: bit-identical too, slower) or padded (one padded forward; low bits depend "
-          "on the batch).");
+ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(int64_t, canary_tokens, 80,
           "Tokens of the canary input run at load: every tap's statistics go into the contract "
           "(its canary fingerprint, which specwire-cli fingerprint prints and compares); 0: none.");

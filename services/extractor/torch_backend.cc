@@ -277,13 +277,14 @@ absl::StatusOr<std::unique_ptr<ExtractorBackend>> LoadTorchBackend(const Backend
   BindIntraOpThreads();  // the canary's forward runs on this thread
   LoadOptions load;
   SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(options.dtype));
-  SW_ASSIGN_OR_RETURN(const BatchLayout layout,
-                      ParseBatchLayout(options.batch_layout, "--batch_layout"));
+  if (options.batch_layout != "auto") {  // refused before the model loads
+    SW_RETURN_IF_ERROR(ParseBatchLayout(options.batch_layout, "--batch_layout").status());
+  }
   load.device_map = options.device_map;
   load.canary_tokens = options.canary_tokens;
   SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(options.kernels, "--kernels"));
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(options.model_dir, load));
-  engine->SetBatchLayout(layout);
+  SW_RETURN_IF_ERROR(engine->SetBatchLayout(options.batch_layout, "--batch_layout"));
   return std::unique_ptr<ExtractorBackend>(new TorchBackend(std::move(engine)));
 }
 

@@ -19,7 +19,7 @@ struct BackendOptions {
   std::string cpu_binding = "auto";
   // How a batch of sequences runs (engine.h): packed or per sequence (bit-identical whatever
   // shares the batch), or as padded forwards.
-  std::string batch_layout = "packed";
+  std::string batch_layout = "auto";
   // The target's kernels (common/models/kernel_set.h): auto | reference | fast.
   std::string kernels = "auto";
   int64_t canary_tokens = 80;  // the contract's canary fingerprint (0: none)

@@ -40,6 +40,8 @@
 #include "services/scorer/acceptance.h"
 #include "services/scorer/drafter.h"
 #include "services/scorer/eagle3_drafter.h"
+#include "services/scorer/in_process_target.h"
+#include "services/scorer/live_loop.h"
 #include "services/scorer/replay.h"
 #include "services/scorer/statistics.h"
 
@@ -67,6 +69,10 @@ ABSL_FLAG(std::string, tree_dump, "",
           "here as JSON.");
 ABSL_FLAG(int64_t, block, 0,
           "eagle3-replay: drafts per step + 1 (0: the drafter's speculative_tokens + 1, else 6).");
+ABSL_FLAG(bool, live, false,
+          "replay (--tokens_file): also run the real loop on each prompt with the target in "
+          "this process (a target session: draft, verify, commit, roll back), greedy, and "
+          "report its step lengths (equal to the replay's) and its cost beside the replay's.");
 ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
 ABSL_FLAG(std::string, device_map, "cpu",
           "Target placement (see specwire-extract); the drafter runs on the target's output "
@@ -198,6 +204,64 @@ absl::StatusOr<std::vector<at::Tensor>> ContextFeatures(
   return out;
 }
 
+// The real loop on every prompt, the target in this process (InProcessTarget), greedy: per
+// response its step lengths and whether they equal the replay's, and the loop's wall time.
+absl::StatusOr<json> RunLive(Models& m, const std::vector<std::vector<int64_t>>& prompts,
+                             const std::vector<ResponseAcceptance>& replayed,
+                             int64_t max_new_tokens) {
+  const DrafterConfig& dc = m.drafter->config();
+  std::unique_ptr<BlockDrafter> block = MakeBlockDrafter(m.drafter.get());
+  LiveSettings settings;
+  settings.max_new_tokens = max_new_tokens;
+  if (!absl::GetFlag(FLAGS_ignore_model_eos))
+    settings.stop_token_ids = m.engine->config().eos_token_ids;
+  if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
+    SW_ASSIGN_OR_RETURN(std::vector<int64_t> extra, ParseIntList(stop, "stop"));
+    settings.stop_token_ids.insert(settings.stop_token_ids.end(), extra.begin(), extra.end());
+  }
+  TargetSessionOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.max_draft_tokens = block->block_size() - 1;
+  const at::Device device = m.drafter->device();
+  const at::ScalarType dtype = m.drafter->dtype();
+  auto to_features = [&](const std::vector<FeatureState>& states) {
+    std::vector<at::Tensor> parts;
+    for (const FeatureState& f : states) {
+      parts.push_back(at::from_blob(const_cast<std::byte*>(f.bytes.data()), {f.rows, f.hidden},
+                                    ToScalarType(f.dtype)));
+    }
+    return at::cat(parts, -1).to(device, dtype);  // cat copies: the bytes may go
+  };
+  json responses = json::array();
+  int64_t equal = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<InProcessTarget> target,
+                        InProcessTarget::Open(m.engine->model(), prompts[i], options,
+                                              dc.target_layer_ids, dc.last_layer_is_final_norm));
+    absl::StatusOr<LiveResult> r = absl::InternalError("live loop did not run");
+    SW_RETURN_IF_ERROR(RunGuarded("live loop", [&]() -> absl::Status {
+      r = RunLiveLoop(block.get(), target->start(), *target, settings, to_features);
+      return absl::OkStatus();
+    }));
+    SW_RETURN_IF_ERROR(r.status());
+    const bool same = r->step_lengths == replayed[i].step_lengths;
+    equal += same;
+    responses.push_back({{"step_lengths", r->step_lengths},
+                         {"equals_replay", same},
+                         {"completion_tokens", r->completion.size()},
+                         {"verify_calls", r->verify_calls},
+                         {"rollback_tokens", target->session().rollback_tokens()}});
+  }
+  SynchronizeDevice(device);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return json{{"responses", responses},
+              {"equal_to_replay", equal},
+              {"of", prompts.size()},
+              {"seconds", seconds}};
+}
+
 absl::Status RunReplay() {
   SW_ASSIGN_OR_RETURN(Models m, LoadModels());
   const DrafterConfig& dc = m.drafter->config();
@@ -221,6 +285,7 @@ absl::Status RunReplay() {
   }
 
   // Trajectories: given, or the target's greedy completions of the prompts.
+  double generate_seconds = 0;
   std::vector<std::vector<int64_t>> prompts, completions;
   std::vector<std::string> finish;
   if (const std::string file = absl::GetFlag(FLAGS_trajectories_file); !file.empty()) {
@@ -245,6 +310,7 @@ absl::Status RunReplay() {
       finish.push_back("given");
     }
   } else if (const std::string file = absl::GetFlag(FLAGS_tokens_file); !file.empty()) {
+    const auto g0 = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(json j, ReadJson(file, "tokens_file"));
     if (!j.is_array())
       return absl::InvalidArgumentError("--tokens_file: expected a list of prompts");
@@ -262,6 +328,7 @@ absl::Status RunReplay() {
       completions.push_back(std::move(r.tokens));
       finish.push_back(r.finish_reason);
     }
+    generate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
   } else {
     return absl::InvalidArgumentError("give --tokens_file or --trajectories_file");
   }
@@ -275,8 +342,12 @@ absl::Status RunReplay() {
     t.insert(t.end(), completions[i].begin(), completions[i].end());
     trajectories.push_back(std::move(t));
   }
+  const auto f0 = std::chrono::steady_clock::now();
   SW_ASSIGN_OR_RETURN(std::vector<at::Tensor> features,
                       ContextFeatures(*m.engine, dc, trajectories, m.drafter->dtype()));
+  SynchronizeDevice(m.drafter->device());
+  const double features_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
 
   std::vector<ResponseAcceptance> results;
   std::vector<double> seconds;
@@ -323,9 +394,19 @@ absl::Status RunReplay() {
                          {"ddtree", dd}});
   }
   all_blocks += dflash_blocks;
+  if (absl::GetFlag(FLAGS_live)) {
+    if (absl::GetFlag(FLAGS_tokens_file).empty()) {
+      return absl::InvalidArgumentError(
+          "--live needs --tokens_file (the loop makes its own completions)");
+    }
+    SW_ASSIGN_OR_RETURN(json live, RunLive(m, prompts, results, max_new_tokens));
+    out["live"] = std::move(live);
+  }
   out["responses"] = responses;
   out["summary"] = json::parse(AcceptanceSummaryToJson(Summarize(results, dc.block_size)));
   out["timing"] = {{"replay_seconds", median},
+                   {"generate_seconds", generate_seconds},
+                   {"features_seconds", features_seconds},
                    {"replay_seconds_all", seconds},
                    {"dflash_blocks", dflash_blocks},
                    {"blocks", all_blocks},

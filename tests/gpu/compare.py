@@ -3,9 +3,9 @@
 
 Runs on a GPU host that has the torch wheel but not transformers or safetensors; the reference was
 made beforehand on a dev machine by scripts/gpu_prepare.sh (build/gpu-kit/ref). Called by
-scripts/gpu_check.sh, which builds the binaries first.
+scripts/gpu_check.sh, which finds or builds the binaries first.
 
-  compare.py run --build-dir B --ref R --device cuda --out O     every check below, then a table
+  compare.py run --extract E --bench B --ref R --device cuda --out O   every check, then a table
   compare.py make-bench-model DIR                                 the ~100M random Qwen3
 
 Checks (one table row each):
@@ -238,9 +238,8 @@ def time_fn(fn, device: str, warmup: int, reps: int) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 class Checker:
     def __init__(self, args):
-        self.build = Path(args.build_dir)
-        self.extract = self.build / "services" / "extractor" / "specwire-extract"
-        self.bench = self.build / "bench" / "specwire-bench-extract"
+        self.extract = Path(args.extract)
+        self.bench = Path(args.bench)
         self.ref = Path(args.ref)
         self.out = Path(args.out)  # logs and the summary (small files only)
         self.work = Path(args.work or Path(args.out) / "states")  # extracted states
@@ -529,7 +528,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="every check, then the table")
-    r.add_argument("--build-dir", required=True)
+    r.add_argument("--extract", required=True, help="the specwire-extract binary")
+    r.add_argument("--bench", required=True, help="the specwire-bench-extract binary")
     r.add_argument("--ref", required=True, help="build/gpu-kit/ref")
     r.add_argument("--out", required=True, help="logs and summary")
     r.add_argument("--work", help="extracted states (tens of MB; default OUT/states)")
