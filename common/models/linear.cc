@@ -3,6 +3,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -44,8 +46,23 @@ int64_t RowBucket(int64_t rows) {
   return (rows + step - 1) / step * step;
 }
 
+// oneDNN's packed bf16 weights need AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only CPU
+// mkldnn::_reorder_linear_weight refuses bf16, so such machines keep at::linear for bf16.
+bool Bf16PackingSupported() {
+  static const bool yes = [] {
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq")) {
+      return true;
+    }
+    unsigned a = 0, b = 0, c = 0, d = 0;  // CPUID.(EAX=7, ECX=1):EDX[5] is AVX-NE-CONVERT
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (d & (1u << 5)) != 0;
+  }();
+  return yes;
+}
+
 bool Packable(at::ScalarType dtype, const at::Device& device) {
-  return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) && Ops().ok();
+  if (!device.is_cpu() || !Ops().ok()) return false;
+  return dtype == at::kFloat || (dtype == at::kBFloat16 && Bf16PackingSupported());
 }
 
 }  // namespace
