@@ -3,7 +3,7 @@
 same CPU, same threads.
 
 The committed pair (models/tiny-qwen3 and its EAGLE-3 drafter models/tiny-qwen3-eagle3, or
---target / --drafter) on the held-out prompts: specwire-replay eagle3-replay runs the target
+--target / --drafter) on the held-out prompts: specwire-replay replay runs the target
 in-process (greedy trajectories, auxiliary states) and replays the chains; the reference side
 replays the same trajectories with speculators 0.9.0's Eagle3DraftModel (from
 .venv/trainer-oracles, in a subprocess: its pins clash with the project's) on the same
@@ -62,7 +62,7 @@ def main() -> int:
     (args.work / "prompts.json").write_text(json.dumps(prompts))
 
     def ours() -> dict:
-        r = subprocess.run([str(replay), "eagle3-replay", f"--drafter={args.drafter}",
+        r = subprocess.run([str(replay), "replay", f"--drafter={args.drafter}",
                             f"--target_checkpoint={args.target}",
                             f"--tokens_file={args.work / 'prompts.json'}",
                             f"--max_new_tokens={args.max_new_tokens}", "--ignore_model_eos",

@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_check.h"
 #include "google/protobuf/stubs/logging.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/job/score_job.h"
 #include "services/scorer/server.h"
 
 // Parsing arbitrary bytes makes protobuf log every invalid UTF-8 string; the fuzzer's output

@@ -5,8 +5,8 @@
 #pragma once
 
 #include "proto/specwire/v1/scorer.pb.h"
-#include "services/scorer/acceptance.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/acceptance/acceptance.h"
+#include "services/scorer/job/score_job.h"
 
 namespace specwire {
 

@@ -28,8 +28,8 @@
 #include <memory>
 #include <string>
 
-#include "services/scorer/acceptance.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/acceptance/acceptance.h"
+#include "services/scorer/job/score_job.h"
 
 namespace specwire {
 

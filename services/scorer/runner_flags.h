@@ -11,8 +11,8 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "services/scorer/score_job.h"
-#include "services/scorer/scorer_backend.h"
+#include "services/scorer/job/score_job.h"
+#include "services/scorer/job/scorer_backend.h"
 
 namespace specwire {
 

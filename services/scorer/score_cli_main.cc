@@ -43,14 +43,14 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
-#include "services/scorer/compare.h"
-#include "services/scorer/eval_flags.h"
-#include "services/scorer/report.h"
+#include "services/scorer/report/compare.h"
+#include "services/scorer/eval/eval_flags.h"
+#include "services/scorer/report/report.h"
 #include "services/scorer/runner_flags.h"
-#include "services/scorer/score_job.h"
-#include "services/scorer/scorer_backend.h"
+#include "services/scorer/job/score_job.h"
+#include "services/scorer/job/scorer_backend.h"
 #include "services/scorer/server.h"
-#include "services/scorer/watch.h"
+#include "services/scorer/eval/watch.h"
 
 // The job (both modes).
 ABSL_FLAG(std::string, drafter, "",

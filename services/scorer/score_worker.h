@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "services/scorer/metrics.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/job/score_job.h"
 
 namespace specwire {
 

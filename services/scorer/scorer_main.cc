@@ -21,14 +21,14 @@
 #include "common/rpc/server_flags.h"
 #include "common/rpc/server_startup.h"
 #include "common/status.h"
-#include "services/scorer/eval_flags.h"
+#include "services/scorer/eval/eval_flags.h"
 #include "services/scorer/metrics.h"
 #include "services/scorer/runner_flags.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/job/score_job.h"
 #include "services/scorer/score_worker.h"
-#include "services/scorer/scorer_backend.h"
+#include "services/scorer/job/scorer_backend.h"
 #include "services/scorer/server.h"
-#include "services/scorer/submit_service.h"
+#include "services/scorer/eval/submit_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "gRPC listen address (host:port; port 0 picks one).");

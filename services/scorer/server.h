@@ -17,7 +17,7 @@
 #include "proto/scorer_convert.h"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
 #include "services/scorer/metrics.h"
-#include "services/scorer/score_job.h"
+#include "services/scorer/job/score_job.h"
 #include "services/scorer/score_worker.h"
 
 namespace specwire {

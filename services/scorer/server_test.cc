@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "services/scorer/scorer_test_fakes.h"
+#include "services/scorer/job/scorer_test_fakes.h"
 
 namespace specwire {
 namespace {

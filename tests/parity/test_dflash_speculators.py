@@ -101,7 +101,11 @@ def draft(oracle: dict, name: str, drafter: Path):
                         f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
                         f"--out={res}", "--threads=1"], capture_output=True, text=True,
                        timeout=300)
-    return r, c, (load_file(str(res))["case.0.step.0.logits"] if r.returncode == 0 else None)
+    if r.returncode != 0:
+        return r, c, None
+    got = load_file(str(res))
+    # DFlash2's block logits before its selector (its "logits" are the selector's path).
+    return r, c, got.get("case.0.step.0.block_logits", got["case.0.step.0.logits"])
 
 
 def test_forward_matches_speculators(oracle):

@@ -115,16 +115,20 @@ def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
     meta = {"cases": json.dumps([{"steps": [{"context_end": e, "len": STEPS + 1}
                                             for e in ends]}])}
     inp = out.with_suffix(".in.safetensors")
-    save_file({"case.0.features": cases["case.0.features"],
-               "case.0.tokens": cases["case.0.tokens"]}, str(inp), metadata=meta)
+    # The reference's tokens[j] is the token after row j; specwire's are the trajectory itself
+    # (row j's next token is trajectory[j + 1]), one longer than the rows.
+    nxt = cases["case.0.tokens"]
+    traj = torch.cat([torch.zeros(1, dtype=nxt.dtype), nxt]).contiguous()
+    save_file({"case.0.features": cases["case.0.features"], "case.0.tokens": traj}, str(inp),
+              metadata=meta)
     res = out.with_suffix(".out.safetensors")
-    r = subprocess.run([str(F.replay_binary()), "eagle3-draft", f"--drafter={drafter}",
+    r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
                         f"--cases={inp}", f"--out={res}", "--threads=1", *extra],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         return r
     got = load_file(str(res))
-    return {e: got[f"case.0.step.{j}.logits"] for j, e in enumerate(ends)}
+    return {e: got[f"case.0.step.{j}.draft_logits"] for j, e in enumerate(ends)}
 
 
 @pytest.fixture(scope="module")
@@ -298,11 +302,14 @@ def test_layer_ids_beyond_the_target_are_refused(oracle, tmp_path):
         write_random_drafter(d, fmt, V, H, ids)
         prompts = tmp_path / "prompts.json"
         prompts.write_text(json.dumps([[1, 2, 3]]))
-        r = subprocess.run([str(F.replay_binary()), "eagle3-replay", f"--drafter={d}",
+        r = subprocess.run([str(F.replay_binary()), "replay", f"--drafter={d}",
                             f"--target_checkpoint={target}", f"--tokens_file={prompts}",
                             "--max_new_tokens=4", "--threads=1"],
                            capture_output=True, text=True, timeout=300)
-        assert r.returncode == 2, (fmt, ids, r.stderr[-2000:])
+        # The drafter does not fit this target (not a malformed request): FAILED_PRECONDITION, exit
+        # 1, as the scorer service answers the same drafter.
+        assert r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr, (fmt, ids,
+                                                                           r.stderr[-2000:])
         assert "eagle_aux_hidden_state_layer_ids" in r.stderr and word in r.stderr, r.stderr
 
 
@@ -354,7 +361,7 @@ REPLAY_NEW_TOKENS = 40
 def replayed(tmp_path_factory):
     """A speculators drafter trained a little on a tiny random Qwen3 target's greedy
     trajectories (transformers), the reference replay of it (eagle3_reference.py replay), and
-    specwire's (specwire-replay eagle3-replay, the target in-process)."""
+    specwire's (specwire-replay replay, the target in-process)."""
     root = tmp_path_factory.mktemp("eagle3-replay")
     target_dir = F.make_target(root)
     hf = F.hf_target(target_dir)
@@ -384,7 +391,7 @@ def replayed(tmp_path_factory):
                            env=env)
         assert r.returncode == 0, r.stderr[-4000:]
         ref = json.loads(r.stdout.strip().splitlines()[-1])
-        ours = F.run_replay(["eagle3-replay", "--drafter", str(drafter), "--target_checkpoint",
+        ours = F.run_replay(["replay", "--drafter", str(drafter), "--target_checkpoint",
                              str(target_dir), "--tokens_file",
                              str(F.write_json(root / "prompts.json", prompts)),
                              "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--block", str(block),
@@ -453,7 +460,7 @@ def test_eagle_tree_replay(replayed, depth, top_k, total):
     root, target = replayed["root"], replayed["target"]
     drafter = root / "drafter4"
     dump = root / f"trees-{depth}-{top_k}-{total}.json"
-    ours = F.run_replay(["eagle3-replay", "--drafter", str(drafter), "--target_checkpoint",
+    ours = F.run_replay(["replay", "--drafter", str(drafter), "--target_checkpoint",
                          str(target), "--tokens_file", str(root / "prompts.json"),
                          "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--ignore_model_eos",
                          "--threads=1", "--tree", f"{depth},{top_k},{total}",
@@ -517,3 +524,13 @@ def test_eagle_tree_replay(replayed, depth, top_k, total):
     print(f"tree {depth},{top_k},{total}: tau {sum(flat) / len(flat):.3f} over {len(flat)} "
           f"steps; {len(checked)} nodes checked against the reference")
     assert max(flat) >= 3
+
+
+@pytest.mark.parametrize("old,new", [("eagle3-replay", "replay"), ("eagle3-draft", "draft")])
+def test_old_per_family_commands_are_refused_naming_the_new_one(old, new):
+    """One --drafter path for every family: the per-family spellings are gone, and saying one
+    names its replacement (exit 2, like any other bad argument)."""
+    r = subprocess.run([str(F.replay_binary()), old, "--drafter=x"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"specwire-replay {new} --drafter DIR" in r.stderr, r.stderr

@@ -7,7 +7,7 @@ with auxiliary layers [1, 2, 3] in speculators' convention: index 3 is the last 
 before the final norm, which the extractor serves as layer 2 (not its final-norm tap). The same
 weights are also written in SpecForge's layout (midlayer.*, eagle_config ids [0, 1, 2]). Each is
 scored through the scorer: the method label is eagle3, and every prompt's chain step lengths
-equal the offline chain replay (specwire-replay eagle3-replay, the target in-process) and, for
+equal the offline chain replay (specwire-replay replay, the target in-process) and, for
 the speculators drafter, the replay written on the reference model; the job's tree budgets are
 EAGLE's top-k tree, each equal to the offline tree replay. Drafters whose layer ids lie
 beyond the target, in either convention, or whose vocabulary differs, are refused with
@@ -124,14 +124,14 @@ def offline(pair: dict, drafter: Path, tree: str = "") -> tuple[int, list[list[i
     top-k tree (checked against the reference model in tests/parity/test_eagle3_parity.py)."""
     prompts = pair["root"] / "prompts.json"
     prompts.write_text(json.dumps(pair["prompts"]))
-    r = subprocess.run([str(scorer_binary("specwire-replay")), "eagle3-replay",
+    r = subprocess.run([str(scorer_binary("specwire-replay")), "replay",
                         f"--drafter={drafter}", f"--target_checkpoint={pair['target']}",
                         f"--tokens_file={prompts}", f"--max_new_tokens={MAX_NEW_TOKENS}",
                         f"--threads={THREADS}"] + ([f"--tree={tree}"] if tree else []),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    return out["block"], [resp["step_lengths"] for resp in out["responses"]]
+    return out["block_size"], [resp["step_lengths"] for resp in out["responses"]]
 
 
 def score(scorer: ScorerServer, pair: dict, drafter: Path, budgets=(8,), **tree) -> list:

@@ -172,7 +172,7 @@ def test_training_dashboard_is_well_formed():
     dash = json.loads(DASHBOARD.read_text())
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
     exported = set()
-    for src in ("training_metrics.cc", "metrics.cc"):
+    for src in ("eval/training_metrics.cc", "metrics.cc"):
         exported |= set(re.findall(r'\.Name\("(specwire_\w+)"\)',
                                    (REPO / "services" / "scorer" / src).read_text()))
     for p in dash["panels"]:

@@ -1,0 +1,56 @@
+#include "services/scorer/drafters/registry.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
+#include "common/status.h"
+#include "services/scorer/drafters/dflash_drafter.h"
+#include "services/scorer/drafters/dspark_drafter.h"
+#include "services/scorer/drafters/eagle3_drafter.h"
+
+namespace specwire {
+
+const std::vector<DrafterFamily>& DrafterFamilies() {
+  static const std::vector<DrafterFamily> families = {
+      DSparkFamily(),
+      DFlash2Family(),
+      Eagle3Family(),
+      DFlashFamily(),  // last: the other DFlash-based families declare themselves first
+  };
+  return families;
+}
+
+std::string DrafterFamilyNames() {
+  std::vector<std::string> names;
+  for (const DrafterFamily& f : DrafterFamilies()) names.push_back(f.name);
+  return absl::StrJoin(names, ", ");
+}
+
+absl::StatusOr<std::unique_ptr<Drafter>> LoadDrafter(const std::string& dir, at::ScalarType dtype,
+                                                     const at::Device& device) {
+  const std::string source = (std::filesystem::path(dir) / "config.json").string();
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(source));
+  const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  for (const DrafterFamily& family : DrafterFamilies()) {
+    SW_ASSIGN_OR_RETURN(std::optional<std::string> format, family.detect(config, source));
+    if (format) return family.load(dir, *format, dtype, device);
+  }
+  std::vector<std::string> known;
+  for (const DrafterFamily& f : DrafterFamilies()) known.push_back(f.what);
+  if (config.contains("speculators_model_type")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": key \"speculators_model_type\" is ", config["speculators_model_type"].dump(),
+        ", which no drafter family specwire reads declares (", absl::StrJoin(known, "; "), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": declares no drafter family specwire reads (",
+                   absl::StrJoin(known, "; "),
+                   "): neither speculators_model_type, nor architectures, nor dflash_config"));
+}
+
+}  // namespace specwire
