@@ -83,7 +83,6 @@ class SessionService::Reactor final
 
   void OnDone() override {
     service_->Unregister(this);
-    if (holds_slot_) service_->Release(reserved_bytes_);
     // A worker that finished the call may still hold mu_ (Finish runs under it, and OnDone can
     // follow on another thread at once): wait for it to let go before the reactor goes.
     { std::lock_guard<std::mutex> lock(mu_); }
@@ -111,9 +110,17 @@ class SessionService::Reactor final
  private:
   void Touch() { last_activity_ = std::chrono::steady_clock::now(); }
 
+  // The session and its slot are given back before the final status goes to gRPC (the contract:
+  // a session is freed when its stream ends): a client that saw the end may open the next at
+  // once. No worker call is running here (every caller holds the stream idle or just finished).
   void FinishLocked(grpc::Status status) {
     if (finished_) return;
     finished_ = true;
+    session_.reset();
+    if (holds_slot_) {
+      holds_slot_ = false;
+      service_->Release(reserved_bytes_);
+    }
     Finish(std::move(status));
   }
 
@@ -348,7 +355,7 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionService
 }
 
 absl::Status SessionService::Acquire(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(slots_mu_);
   if (open_sessions_.load() >= limits_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("open: ", limits_.max_sessions,
@@ -367,7 +374,7 @@ absl::Status SessionService::Acquire(int64_t bytes) {
 }
 
 void SessionService::Release(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(slots_mu_);
   reserved_bytes_ -= bytes;
   metrics_->SetOpenSessions(open_sessions_.fetch_sub(1) - 1);
 }

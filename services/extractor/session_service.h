@@ -73,7 +73,10 @@ class SessionService {
   SessionLimits limits_;
   OpenValidator validate_open_;
   std::atomic<int64_t> open_sessions_{0};
-  int64_t reserved_bytes_ = 0;  // under mu_
+  // Slot accounting has a lock of its own: a stream gives its slot back while it finishes, which
+  // the idle check does under mu_.
+  std::mutex slots_mu_;
+  int64_t reserved_bytes_ = 0;  // under slots_mu_
   std::atomic<uint64_t> next_id_{1};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -295,6 +295,41 @@ def test_bounds_free_sessions_whenever_their_stream_ends(server_factory, checkpo
     assert server.crashed() is None
 
 
+def test_a_session_is_free_once_its_stream_has_ended(server_factory, checkpoint):
+    """The contract: a session is freed when its stream ends. N clients at --max_sessions=N,
+    each opening its next session only after its previous stream ended (close() returns after
+    the final status), are never refused."""
+    import concurrent.futures
+
+    n, rounds = 8, 120
+    server = server_factory(checkpoint, dtype="float32", args=("--max_sessions", str(n)))
+    refused: list[str] = []
+
+    def client(k: int) -> int:
+        rng = random.Random(k)
+        opened = 0
+        with ExtractorClient(server.address, timeout=30) as c:
+            for _ in range(rounds):
+                try:
+                    s = c.session([rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 6))], [],
+                                  max_new_tokens=4, max_draft_tokens=2)
+                except ExtractorError as e:
+                    refused.append(f"{e.code}: {e}")
+                    continue
+                opened += 1
+                if rng.random() < 0.5:
+                    s.verify([rng.randrange(1, VOCAB)])
+                s.close()
+        return opened
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        opened = sum(pool.map(client, range(n)))
+    assert not refused, f"{len(refused)} of {n * rounds} opens refused, e.g. {refused[0]}"
+    assert opened == n * rounds
+    wait_for_metric(server, "specwire_extractor_open_sessions", 0, 10)
+    assert server.crashed() is None
+
+
 def test_the_sessions_cache_budget(server_factory, checkpoint):
     """--session_cache_bytes: each session reserves its whole capacity when it opens; an open
     that does not fit is refused naming the flag, and a closed session gives its bytes back."""
