@@ -54,7 +54,9 @@
 
 // The job (both modes).
 ABSL_FLAG(std::string, drafter, "",
-          "DFlash drafter directory (config.json + safetensors). Required.");
+          "The drafter: a checkpoint directory (config.json + safetensors) of any family "
+          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3). "
+          "Required.");
 ABSL_FLAG(std::string, dataset, "",
           "JSONL prompts, one {\"prompt\": str} or {\"input_ids\": [int]} per line (a path on the "
           "scorer's host with --scorer).");
@@ -352,6 +354,8 @@ absl::Status RunOnScorer(const ScoreSpec& spec, const ScorerConnection& scorer, 
           if (report.labels.method.empty()) report.labels.method = m.method_label();
           report.drafter.method = m.drafter_method();
           report.drafter.format = m.drafter_format();
+          report.drafter.dtype = m.drafter_dtype();
+          report.drafter.device = m.drafter_device();
           break;
         case v1::ScoreResponse::kProgress: {
           ScoreProgress p;

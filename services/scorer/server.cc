@@ -48,6 +48,8 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     for (const std::string& e : s.extractors) m.add_extractors(e);
     m.set_drafter_method(s.drafter.method);
     m.set_drafter_format(s.drafter.format);
+    m.set_drafter_dtype(s.drafter.dtype);
+    m.set_drafter_device(s.drafter.device);
     m.set_method_label(s.labels.method);
     r->SendMessage(std::move(m));
   };

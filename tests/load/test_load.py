@@ -8,7 +8,8 @@ by the number of clients: its peak RSS over the N = 64 run may exceed the N = 8 
 most what the limits allow for the difference — one slow request's states + one chunk per stalled
 stream (the stream reactor writes one message at a time and produces the next only when the
 previous write completed, so a stalled reader pins no more) plus the activations of one
-max_batch_tokens batch — and it must not grow while the readers stay stalled.
+max_batch_tokens batch — and while the readers stay stalled it may grow by no more than the
+fast streams are allowed to hold at once (one message each and one batch).
 The figures are printed (pytest -s) and written to load-results.json in the test's tmp_path.
 About 30 s on two cores.
 """
@@ -118,5 +119,13 @@ def test_load_n64_with_slow_readers(servers, tmp_path):
     allowance = (16 * (slow_state_bytes + LIMITS["max_chunk_bytes"])
                  + LIMITS["max_batch_tokens"] * ACTIVATION_BYTES_PER_BATCH_TOKEN) / 2**20
     assert peak64 <= peak8 + allowance, (peak8, peak64, allowance)
+    # While the slow readers stay stalled they add nothing; the fast streams go on, and what they
+    # may hold at once beyond what they held when the stall began is what the limits let them
+    # hold: one message being written per fast stream and one batch (its states and activations).
+    # The bound follows from the configuration, not from how busy the machine is.
+    fast_streams = min(LIMITS["max_concurrent_streams"], 64) - 16
+    batch_bytes = LIMITS["max_batch_tokens"] * (ACTIVATION_BYTES_PER_BATCH_TOKEN
+                                                + (len(SLOW["layers"]) + 1) * HIDDEN * 4)
+    growth_bound = (fast_streams * LIMITS["max_chunk_bytes"] + batch_bytes) / 2**20
     growth = big["servers"][pid].get("rss_growth_during_stall_mib")
-    assert growth is not None and growth < 16, big["servers"][pid]
+    assert growth is not None and growth <= growth_bound, (growth_bound, big["servers"][pid])

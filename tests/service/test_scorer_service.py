@@ -331,6 +331,17 @@ def test_reports_through_a_scorer_and_in_process_with_two_extractors(
         assert reports[k]["contract"] == ref["contract"], k
     assert reports["inproc"]["extractors"] == [e.address for e in extractors]
     assert reports["dns"]["extractors"] == [extractors[0].address]
+    # Every report says both compute dtypes, through the scorer service too, and notes a pair
+    # that differs.
+    for k, r in reports.items():
+        settings = r["settings"]
+        assert settings["target_dtype"] == r["contract"]["compute_dtype"] != "", k
+        assert settings["drafter_dtype"] == "float32", (k, settings)
+        assert r["drafter"]["dtype"] == "float32", (k, r["drafter"])
+        differ = settings["target_dtype"] != settings["drafter_dtype"]
+        assert bool(settings["dtype_note"]) == differ, (k, settings)
+        if differ:
+            assert settings["target_dtype"] in settings["dtype_note"], settings
     assert reports["one"]["mode"] == "scorer" and reports["one"]["extractors"] == [
         extractors[0].address]
     assert f"<td class=\"num\">{extractors[0].address}</td>" in (tmp_path / "one.html").read_text()

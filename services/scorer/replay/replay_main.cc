@@ -3,7 +3,7 @@
 // the GPU checks. One --drafter path for every drafter family (services/scorer/drafters/
 // registry.h): the family is read from the checkpoint's own declaration.
 //
-//   specwire-replay [replay] --drafter DIR|mtp --target_checkpoint DIR
+//   specwire-replay [replay] --drafter DIR --target_checkpoint DIR
 //                            (--tokens_file F | --trajectories_file F)
 //                            [--max_new_tokens N] [--ddtree 8,32] [--tree D,K,N] [--live] ...
 //   specwire-replay draft    --drafter DIR [--target_checkpoint DIR] --cases F.safetensors
@@ -49,9 +49,8 @@
 #include "services/scorer/replay/replay.h"
 
 ABSL_FLAG(std::string, drafter, "",
-          "The drafter: a checkpoint directory of any family specwire reads (its config.json "
-          "declares which: DFlash, DFlash2, EAGLE-3, ...), or \"mtp\" for the target's own "
-          "multi-token-prediction layers (--target_checkpoint).");
+          "The drafter: a checkpoint directory (config.json + safetensors) of any family "
+          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3).");
 ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
 ABSL_FLAG(std::string, tokens_file, "",
@@ -175,16 +174,9 @@ struct Models {
 };
 
 absl::StatusOr<Models> LoadModels(bool need_target) {
-  std::string dir = absl::GetFlag(FLAGS_drafter);
+  const std::string dir = absl::GetFlag(FLAGS_drafter);
   const std::string target = absl::GetFlag(FLAGS_target_checkpoint);
   if (dir.empty()) return absl::InvalidArgumentError("--drafter is required");
-  if (dir == "mtp") {  // the target's own multi-token-prediction layers
-    if (target.empty()) {
-      return absl::InvalidArgumentError("--drafter mtp reads the target's mtp.* layers: give "
-                                        "--target_checkpoint");
-    }
-    dir = target;
-  }
   if (need_target && target.empty()) {
     return absl::InvalidArgumentError("--target_checkpoint is required");
   }

@@ -52,6 +52,10 @@ json DrafterJson(const ScoreReport& r) {
     d["device"] = r.drafter.device;
   } else {
     d["block_size"] = r.summary.block_size;
+    if (!r.drafter.method.empty()) d["method"] = r.drafter.method;
+    if (!r.drafter.format.empty()) d["format"] = r.drafter.format;
+    if (!r.drafter.dtype.empty()) d["dtype"] = r.drafter.dtype;
+    if (!r.drafter.device.empty()) d["device"] = r.drafter.device;
   }
   return d;
 }
@@ -207,10 +211,21 @@ std::string IntervalText(const std::optional<Interval>& ci, int digits) {
   return absl::StrCat(" [", Fixed(ci->lo, digits), ", ", Fixed(ci->hi, digits), "]");
 }
 
+// "" when the target and the drafter compute in one dtype (or one is unknown); else the note
+// every report prints: τ measured under two precisions is not the τ of either.
+std::string DtypeNote(const ScoreReport& r) {
+  const std::string& target = r.contract.compute_dtype;
+  const std::string& drafter = r.drafter.dtype;
+  if (target.empty() || drafter.empty() || target == drafter) return "";
+  return absl::StrCat("the target computes in ", target, " (the extractor's --dtype) and the "
+                      "drafter in ", drafter, " (the scorer's --dtype): this τ compares with runs "
+                      "under the same pair only");
+}
+
 std::string SettingsText(const ScoreReport& r) {
   const AcceptanceSummary& s = r.summary;
   std::string dtype = r.contract.compute_dtype.empty() ? "?" : r.contract.compute_dtype;
-  if (r.drafter_loaded && !r.drafter.dtype.empty() && r.drafter.dtype != dtype) {
+  if (!r.drafter.dtype.empty() && r.drafter.dtype != dtype) {
     absl::StrAppend(&dtype, " target / ", r.drafter.dtype, " drafter");
   }
   std::string t = absl::StrCat("max_new_tokens ", r.max_new_tokens, ", block size ", s.block_size,
@@ -380,7 +395,8 @@ std::string ReportToJson(const ScoreReport& r) {
   j["settings"] = {{"max_new_tokens", r.max_new_tokens},
                    {"block_size", r.summary.block_size},
                    {"target_dtype", r.contract.compute_dtype},
-                   {"drafter_dtype", r.drafter_loaded ? r.drafter.dtype : ""},
+                   {"drafter_dtype", r.drafter.dtype},
+                   {"dtype_note", DtypeNote(r)},
                    {"prompts", r.summary.responses},
                    {"text", SettingsText(r)}};
   const CapacityPlan plan = ReportCapacity(r);
@@ -442,7 +458,9 @@ std::string SummaryTable(const ScoreReport& r) {
                   ")\n");
   absl::StrAppend(&t, "prompts ", s.responses, ", steps ", s.steps, ", block size ", s.block_size,
                   "\n");
-  absl::StrAppend(&t, "settings: ", SettingsText(r), "\n\n");
+  absl::StrAppend(&t, "settings: ", SettingsText(r), "\n");
+  if (const std::string note = DtypeNote(r); !note.empty()) absl::StrAppend(&t, "note: ", note, "\n");
+  absl::StrAppend(&t, "\n");
   auto row = [&](const std::string& name, const std::string& value) {
     std::string padded = name;
     padded.resize(std::max<size_t>(padded.size(), 28), ' ');
@@ -736,8 +754,13 @@ std::string ReportToHtml(const ScoreReport& r) {
                     kv("hidden_size", std::to_string(r.drafter.hidden_size)),
                     kv("num_target_layers", std::to_string(r.drafter.num_target_layers)),
                     kv("target_layer_ids", absl::StrJoin(r.drafter.target_layer_ids, ", ")),
-                    kv("mask_token_id", std::to_string(r.drafter.mask_token_id)),
-                    kv("dtype / device", r.drafter.dtype + " / " + r.drafter.device));
+                    kv("mask_token_id", std::to_string(r.drafter.mask_token_id)));
+  }
+  if (!r.drafter.dtype.empty()) {
+    absl::StrAppend(&h, kv("dtype / device", r.drafter.dtype + " / " + r.drafter.device));
+  }
+  if (const std::string note = DtypeNote(r); !note.empty()) {
+    absl::StrAppend(&h, kv("note", note));
   }
   absl::StrAppend(&h, "</table>\n");
   if (!r.drafter.config_json.empty()) {

@@ -139,6 +139,37 @@ TEST(SummaryTable, TauDDTreeAndPositions) {
   EXPECT_EQ(t.find("pos  4"), std::string::npos);
 }
 
+// Both compute dtypes in every report; a pair that differs is said in the table, the JSON and
+// the HTML; a report made through the scorer service (the drafter not loaded here) still has
+// the drafter's dtype it was told.
+TEST(Report, BothComputeDtypesAndANoteWhenTheyDiffer) {
+  ScoreReport same = SampleReport();
+  EXPECT_EQ(SummaryTable(same).find("note:"), std::string::npos);
+  auto js = nlohmann::json::parse(ReportToJson(same));
+  EXPECT_EQ(js["settings"]["target_dtype"], "float32");
+  EXPECT_EQ(js["settings"]["drafter_dtype"], "float32");
+  EXPECT_EQ(js["settings"]["dtype_note"], "");
+
+  ScoreReport r = SampleReport();
+  r.contract.compute_dtype = "bfloat16";
+  r.drafter_loaded = false;  // as the scorer service reports it: what the wire carries
+  r.drafter = DrafterSpec{};
+  r.drafter.method = "dflash";
+  r.drafter.dtype = "float32";
+  r.drafter.device = "cpu";
+  const std::string t = SummaryTable(r);
+  EXPECT_NE(t.find("dtype bfloat16 target / float32 drafter"), std::string::npos) << t;
+  EXPECT_NE(t.find("note: the target computes in bfloat16"), std::string::npos) << t;
+  auto j = nlohmann::json::parse(ReportToJson(r));
+  EXPECT_EQ(j["settings"]["target_dtype"], "bfloat16");
+  EXPECT_EQ(j["settings"]["drafter_dtype"], "float32");
+  EXPECT_NE(j["settings"]["dtype_note"].get<std::string>().find("float32"), std::string::npos);
+  EXPECT_EQ(j["drafter"]["dtype"], "float32");
+  const std::string html = ReportToHtml(r);
+  EXPECT_NE(html.find("float32 / cpu"), std::string::npos);
+  EXPECT_NE(html.find("the target computes in bfloat16"), std::string::npos);
+}
+
 // An EAGLE-3 job's budgets are EAGLE's top-k tree: named so in every table and chart, carried
 // through the JSON summary, and costed at one drafter forward per level.
 TEST(Report, EagleTreeIsNamedAndCosted) {
