@@ -14,6 +14,7 @@
 #include "common/model_config.h"
 #include "common/models/attention.h"
 #include "common/models/delta_rule_fused.h"
+#include "common/models/gated_delta_rule.h"
 #include "common/models/test_models.h"
 
 namespace specwire {
