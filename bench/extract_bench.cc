@@ -40,7 +40,7 @@
 #include "common/models/loader.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
-#include "services/extractor/engine.h"
+#include "common/models/engine.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
 ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");

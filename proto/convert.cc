@@ -27,18 +27,15 @@ constexpr TapRow kTaps[] = {
     {StateTap::kFinalNorm, v1::TAP_FINAL_NORM},
 };
 
-// ReceivedState::state: "layer.{k}" | "embedding" | "final_norm" (specwire-extract's names).
-std::string StateName(StateTap tap, int32_t layer_id) {
-  switch (tap) {
-    case StateTap::kLayerOutput:
-      return absl::StrCat("layer.", layer_id);
-    case StateTap::kEmbedding:
-      return "embedding";
-    case StateTap::kFinalNorm:
-      return "final_norm";
-  }
-  return "";
-}
+struct RuleRow {
+  DraftRule rule;
+  v1::VerifyRule wire;
+};
+constexpr RuleRow kRules[] = {
+    {DraftRule::kArgmaxDraft, v1::RULE_ARGMAX_DRAFT},
+    {DraftRule::kDraftDistribution, v1::RULE_DRAFT_DISTRIBUTION},
+};
+
 
 }  // namespace
 
@@ -142,7 +139,7 @@ void SequenceInputToProto(const InputSequence& in, v1::SequenceInput* out) {
   }
 }
 
-void LayerSelectionToProto(const RequestedStates& s, v1::LayerSelection* out) {
+void LayerSelectionToProto(const StateSelection& s, v1::LayerSelection* out) {
   for (int32_t id : s.layer_ids) out->add_layer_ids(id);
   out->set_embedding(s.embedding);
   out->set_final_norm(s.final_norm);
@@ -154,27 +151,6 @@ StateSelection StateSelectionFromProto(const v1::LayerSelection& s) {
   sel.embedding = s.embedding();
   sel.final_norm = s.final_norm();
   return sel;
-}
-
-void ExtractRequestToProto(const ExtractParams& p, v1::ExtractRequest* out) {
-  for (const auto& in : p.sequences) SequenceInputToProto(in, out->add_sequences());
-  LayerSelectionToProto(p.states, out->mutable_layers());
-  out->set_dtype(WireDTypeToProto(p.dtype));
-  out->set_max_chunk_bytes(p.max_chunk_bytes);
-  out->set_request_id(p.request_id);
-  out->set_add_special_tokens(p.add_special_tokens);
-}
-
-void GenerateRequestToProto(const GenerateParams& p, v1::GenerateRequest* out) {
-  for (const auto& in : p.prompts) SequenceInputToProto(in, out->add_prompts());
-  out->set_max_new_tokens(p.max_new_tokens);
-  TokenIdsToProto(p.stop_token_ids, out->mutable_stop_token_ids());
-  out->set_ignore_model_eos(p.ignore_model_eos);
-  LayerSelectionToProto(p.states, out->mutable_layers());
-  out->set_dtype(WireDTypeToProto(p.dtype));
-  out->set_max_chunk_bytes(p.max_chunk_bytes);
-  out->set_request_id(p.request_id);
-  out->set_add_special_tokens(p.add_special_tokens);
 }
 
 v1::Tap TapToProto(StateTap t) {
@@ -197,50 +173,6 @@ void SequenceInfoToProto(uint32_t sequence_index, std::span<const int64_t> token
   TokenIdsToProto(token_ids, out->mutable_token_ids());
 }
 
-void CompletionToProto(uint32_t sequence_index, std::span<const int64_t> prompt,
-                       const CompletionOutput& c, v1::Completion* out) {
-  out->set_sequence_index(sequence_index);
-  TokenIdsToProto(prompt, out->mutable_prompt_token_ids());
-  TokenIdsToProto(c.tokens, out->mutable_completion_token_ids());
-  out->set_finish_reason(c.finish_reason);
-}
-
-ReceivedCompletion CompletionFromProto(const v1::Completion& p) {
-  return {p.sequence_index(), TokenIdsFromProto(p.prompt_token_ids()),
-          TokenIdsFromProto(p.completion_token_ids()), p.finish_reason()};
-}
-
-void HiddenStateChunkHeaderToProto(const HostState& s, const ChunkSpan& c,
-                                   v1::HiddenStateChunk* out) {
-  out->set_sequence_index(s.sequence_index);
-  out->mutable_state()->set_tap(TapToProto(s.tap));
-  out->mutable_state()->set_layer_id(s.tap == StateTap::kLayerOutput ? s.layer_id : 0);
-  out->set_hf_hidden_states_index(s.hf_index);
-  out->set_token_start(static_cast<uint32_t>(c.row_start));
-  out->set_token_count(static_cast<uint32_t>(c.row_count));
-  out->set_sequence_length(static_cast<uint32_t>(s.rows));
-  out->set_hidden_size(static_cast<uint32_t>(s.hidden));
-  out->set_dtype(WireDTypeToProto(s.dtype));
-  out->set_crc32c(Crc32c(c.bytes));
-}
-
-absl::StatusOr<ReceivedState> ReceivedStateFromChunk(const v1::HiddenStateChunk& c) {
-  ReceivedState s;
-  s.sequence_index = c.sequence_index();
-  absl::StatusOr<StateTap> tap = TapFromProto(c.state().tap());
-  if (!tap.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk with unknown tap ", static_cast<int>(c.state().tap())));
-  }
-  if (*tap == StateTap::kLayerOutput) s.layer_id = c.state().layer_id();
-  s.state = StateName(*tap, s.layer_id);
-  s.hf_hidden_states_index = c.hf_hidden_states_index();
-  s.rows = c.sequence_length();
-  s.hidden = c.hidden_size();
-  SW_ASSIGN_OR_RETURN(s.dtype, WireDTypeFromProto(c.dtype()));
-  return s;
-}
-
 void StreamTotalsToProto(const StreamTotals& t, v1::StreamTrailer* out) {
   out->set_request_id(t.request_id);
   out->set_sequences(t.sequences);
@@ -256,25 +188,28 @@ StreamTotals StreamTotalsFromProto(const v1::StreamTrailer& p) {
           p.bytes(),      p.queue_seconds(), p.compute_seconds()};
 }
 
-void TensorChunkToProto(const TensorBytes& t, uint64_t offset, std::span<const std::byte> piece,
-                        v1::TensorChunk* out) {
-  out->set_name(t.name);
-  for (int64_t d : t.shape) out->add_shape(d);
-  out->set_dtype(WireDTypeToProto(t.dtype));
-  out->set_offset(offset);
-  out->set_total_bytes(t.bytes.size());
-  out->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
-  out->set_crc32c(Crc32c(piece));
-  out->set_digest(t.digest);
+v1::VerifyRule DraftRuleToProto(DraftRule r) {
+  for (const RuleRow& row : kRules) {
+    if (row.rule == r) return row.wire;
+  }
+  return v1::RULE_ARGMAX_DRAFT;
 }
 
-absl::StatusOr<ReceivedTensor> ReceivedTensorFromChunk(const v1::TensorChunk& c) {
-  ReceivedTensor t;
-  t.name = c.name();
-  t.shape.assign(c.shape().begin(), c.shape().end());
-  SW_ASSIGN_OR_RETURN(t.dtype, WireDTypeFromProto(c.dtype()));
-  t.digest = c.digest();
-  return t;
+absl::StatusOr<DraftRule> DraftRuleFromProto(v1::VerifyRule r) {
+  for (const RuleRow& row : kRules) {
+    if (row.wire == r) return row.rule;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(static_cast<int>(r), " is not a rule"));
+}
+
+void SessionCommittedToProto(const SessionCommitted& c, v1::SessionCommitted* out) {
+  out->set_tokens(static_cast<uint32_t>(c.tokens));
+  out->set_next_token(static_cast<int32_t>(c.next_token));
+  out->set_rollback_tokens(static_cast<uint32_t>(c.rollback_tokens));
+}
+
+SessionCommitted SessionCommittedFromProto(const v1::SessionCommitted& p) {
+  return {p.tokens(), p.next_token(), p.rollback_tokens()};
 }
 
 }  // namespace specwire

@@ -181,8 +181,8 @@ absl::StatusOr<std::vector<InputSequence>> ReadInputs() {
   return out;
 }
 
-absl::StatusOr<RequestedStates> ReadStates() {
-  RequestedStates s;
+absl::StatusOr<StateSelection> ReadStates() {
+  StateSelection s;
   if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
     SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(layers, "layers"));
     for (int64_t id : ids) s.layer_ids.push_back(static_cast<int32_t>(id));
@@ -364,12 +364,12 @@ absl::StatusOr<ExportFlags> ExportFlagsFromFlags() {
   f.out = absl::GetFlag(FLAGS_out);
   if (f.out.empty()) return absl::InvalidArgumentError("--out: give the export's directory");
   if (absl::GetFlag(FLAGS_dataset).empty()) return absl::InvalidArgumentError("--dataset is required for export");
-  SW_ASSIGN_OR_RETURN(RequestedStates states, ReadStates());
+  SW_ASSIGN_OR_RETURN(StateSelection states, ReadStates());
   if (states.embedding || states.final_norm) {
     return absl::InvalidArgumentError("--embedding / --final_norm: export takes the layout's states "
                                       "(--layout, --layers)");
   }
-  f.spec.layer_ids = states.layer_ids;
+  f.spec.layer_ids.assign(states.layer_ids.begin(), states.layer_ids.end());
   f.layers_given = !states.layer_ids.empty();
   if (const std::string d = absl::GetFlag(FLAGS_drafter); !d.empty()) {
     SW_ASSIGN_OR_RETURN(std::string text, ReadFile(d + "/config.json"));

@@ -346,7 +346,7 @@ absl::Status ExportFeatures(ExtractorClient& client, const ExtractionContract& c
     const size_t end = std::min(rows.size(), start + per_request);
     ExtractParams p;
     for (size_t i = start; i < end; ++i) p.sequences.push_back(InputSequence::Tokens(rows[i].input_ids));
-    p.states = {ids, false, final_norm};
+    p.states = {std::vector<int64_t>(ids.begin(), ids.end()), false, final_norm};
     p.dtype = spec.dtype;
     p.max_chunk_bytes = options.max_chunk_bytes;
     SW_ASSIGN_OR_RETURN(ExtractReply reply, client.Extract(p));

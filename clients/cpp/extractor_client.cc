@@ -13,6 +13,7 @@
 #include "common/rpc/payload_frame.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "clients/cpp/extractor_convert.h"
 #include "proto/convert.h"
 #include "proto/specwire/v1/extractor.grpc.pb.h"
 
@@ -665,8 +666,7 @@ absl::StatusOr<SessionVerifyReply> ExtractorSession::Verify(const SessionVerifyP
   v1::SessionRequest req;
   v1::SessionVerify* v = req.mutable_verify();
   TokenIdsToProto(params.draft_tokens, v->mutable_draft_tokens());
-  v->set_rule(params.rule == SessionRule::kDraftDistribution ? v1::RULE_DRAFT_DISTRIBUTION
-                                                             : v1::RULE_ARGMAX_DRAFT);
+  v->set_rule(DraftRuleToProto(params.rule));
   if (!params.draft_probs.empty()) {
     v->set_draft_probs(params.draft_probs.data(), params.draft_probs.size() * sizeof(float));
   }
@@ -685,13 +685,12 @@ absl::StatusOr<SessionVerifyReply> ExtractorSession::Verify(const SessionVerifyP
   out.target_argmax = TokenIdsFromProto(a.target_argmax());
   out.rule = a.rule();
   if (a.has_committed()) {
-    out.committed = SessionCommitReply{a.committed().tokens(), a.committed().next_token(),
-                                       a.committed().rollback_tokens()};
+    out.committed = SessionCommittedFromProto(a.committed());
   }
   return out;
 }
 
-absl::StatusOr<SessionCommitReply> ExtractorSession::Commit(int64_t accepted) {
+absl::StatusOr<SessionCommitted> ExtractorSession::Commit(int64_t accepted) {
   if (accepted < 0) {
     return absl::InvalidArgumentError(absl::StrCat("commit.accepted = ", accepted, " is negative"));
   }
@@ -701,8 +700,7 @@ absl::StatusOr<SessionCommitReply> ExtractorSession::Commit(int64_t accepted) {
   std::vector<ReceivedState> none;
   SW_RETURN_IF_ERROR(stream_->Call(req, &answer, &none));
   if (!answer.has_committed()) return StreamError("commit answered with another message");
-  return SessionCommitReply{answer.committed().tokens(), answer.committed().next_token(),
-                            answer.committed().rollback_tokens()};
+  return SessionCommittedFromProto(answer.committed());
 }
 
 absl::StatusOr<std::unique_ptr<ExtractorSession>> ExtractorClient::OpenSession(

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/contract.h"
+#include "common/extractor_api.h"
 #include "common/safetensors.h"
 #include "common/rpc/security.h"
 
@@ -72,28 +73,9 @@ struct ExtractorClientOptions {
   ClientSecurity security;
 };
 
-// One input sequence: token ids, or text the server tokenizes with the model's tokenizer.
-struct InputSequence {
-  std::vector<int64_t> token_ids;
-  std::string text;
-  bool is_text = false;
-
-  static InputSequence Tokens(std::vector<int64_t> ids) { return {std::move(ids), {}, false}; }
-  static InputSequence Text(std::string text) { return {{}, std::move(text), true}; }
-};
-
-// Which hidden states to ask for (layer ids per common/contract.h: layer k is the output of
-// decoder layer k, transformers' hidden_states[k + 1]).
-struct RequestedStates {
-  std::vector<int32_t> layer_ids;
-  bool embedding = false;   // hidden_states[0]
-  bool final_norm = false;  // hidden_states[num_layers]
-  bool empty() const { return layer_ids.empty() && !embedding && !final_norm; }
-};
-
 struct ExtractParams {
   std::vector<InputSequence> sequences;
-  RequestedStates states;
+  StateSelection states;
   DType dtype = DType::kBF16;       // kBF16 or kF32
   uint32_t max_chunk_bytes = 0;     // 0: the server's default
   std::string request_id;           // echoed in the trailer and the server's logs
@@ -107,7 +89,7 @@ struct GenerateParams {
   uint32_t max_new_tokens = 32;
   std::vector<int64_t> stop_token_ids;
   bool ignore_model_eos = false;  // by default the model's eos_token_id also stops
-  RequestedStates states;         // over prompt + completion; empty: completions only
+  StateSelection states;         // over prompt + completion; empty: completions only
   DType dtype = DType::kBF16;
   uint32_t max_chunk_bytes = 0;
   std::string request_id;
@@ -129,17 +111,6 @@ struct ReceivedState {
 
   // "seq.{i}.{state}": the naming of specwire-extract's safetensors files.
   std::string TensorName() const;
-};
-
-// The stream's trailer.
-struct StreamTotals {
-  std::string request_id;
-  uint32_t sequences = 0;
-  uint64_t tokens = 0;
-  uint64_t chunks = 0;
-  uint64_t bytes = 0;
-  double queue_seconds = 0;
-  double compute_seconds = 0;
 };
 
 struct ExtractReply {
@@ -173,12 +144,10 @@ struct ReceivedTensor {
 };
 
 // A live verification session (the Session method; extractor.proto has the contract).
-enum class SessionRule { kArgmaxDraft, kDraftDistribution };
-
 struct SessionOpenParams {
   InputSequence prompt;
   bool add_special_tokens = false;
-  RequestedStates states;  // returned for the prompt and for every verified block
+  StateSelection states;  // returned for the prompt and for every verified block
   DType dtype = DType::kBF16;
   uint32_t max_new_tokens = 256;
   uint32_t max_draft_tokens = 15;
@@ -203,29 +172,13 @@ struct SessionOpenReply {
 
 struct SessionVerifyParams {
   std::vector<int64_t> draft_tokens;
-  SessionRule rule = SessionRule::kArgmaxDraft;
+  DraftRule rule = DraftRule::kArgmaxDraft;
   std::vector<float> draft_probs;  // [k, vocab] for kDraftDistribution
   std::vector<int32_t> parents;    // a tree; empty: a chain
   bool commit_accepted = false;    // commit every accepted draft in the same call
 };
 
-struct SessionCommitReply {
-  int64_t tokens = 0;
-  int64_t next_token = -1;
-  int64_t rollback_tokens = 0;
-};
-
-struct SessionVerifyReply {
-  int64_t position = 0;
-  int32_t accepted = 0;
-  std::vector<int64_t> accepted_tokens;
-  std::vector<int32_t> path;
-  int64_t next_token = -1;
-  std::vector<int64_t> target_argmax;
-  std::string rule;
-  std::vector<ReceivedState> states;  // the rows verification ran
-  std::optional<SessionCommitReply> committed;  // with commit_accepted
-};
+using SessionVerifyReply = SessionVerified<ReceivedState>;
 
 // One open session: its calls in order from one thread. A refused verify or commit returns the
 // server's status and the session goes on unchanged; any other error ends it (later calls fail).
@@ -238,7 +191,7 @@ class ExtractorSession {
 
   const SessionOpenReply& opened() const { return opened_; }
   absl::StatusOr<SessionVerifyReply> Verify(const SessionVerifyParams& params);
-  absl::StatusOr<SessionCommitReply> Commit(int64_t accepted);
+  absl::StatusOr<SessionCommitted> Commit(int64_t accepted);
   // Half-closes the stream and returns its final status.
   absl::Status Close();
 

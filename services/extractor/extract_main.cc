@@ -28,7 +28,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
-#include "services/extractor/engine.h"
+#include "common/models/engine.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
 ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");

@@ -18,7 +18,7 @@
 #include "common/rpc/server_flags.h"
 #include "common/rpc/server_startup.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/extractor/batch_layout.h"
+#include "common/models/batch_layout.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/server.h"

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/wire.h"
+#include "services/extractor/stream_convert.h"
 
 namespace specwire {
 namespace {

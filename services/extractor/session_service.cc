@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "proto/convert.h"
+#include "services/extractor/stream_convert.h"
 
 namespace specwire {
 namespace {
@@ -25,12 +26,6 @@ void AppendChunks(const std::vector<HostState>& states, int64_t chunk_bytes,
       chunk->set_data(c.bytes.data(), c.bytes.size());
     }
   }
-}
-
-void CommittedToProto(const CommitOutput& c, v1::SessionCommitted* out) {
-  out->set_tokens(static_cast<uint32_t>(c.tokens));
-  out->set_next_token(static_cast<int32_t>(c.next_token));
-  out->set_rollback_tokens(static_cast<uint32_t>(c.rollback_tokens));
 }
 
 int64_t StateRows(const std::vector<HostState>& states) {
@@ -212,14 +207,14 @@ class SessionService::Reactor final
         work.tokens = TokenIdsFromProto(v.draft_tokens());
         work.parents.assign(v.parents().begin(), v.parents().end());
         work.commit_accepted = v.commit_accepted();
-        if (v.rule() == v1::RULE_DRAFT_DISTRIBUTION) {
-          work.rule = DraftRule::kDraftDistribution;
-        } else if (v.rule() != v1::RULE_ARGMAX_DRAFT) {
+        absl::StatusOr<DraftRule> rule_in = DraftRuleFromProto(v.rule());
+        if (!rule_in.ok()) {
           RefuseLocked(absl::InvalidArgumentError(
-              absl::StrCat("verify.rule: ", static_cast<int>(v.rule()), " is not a rule")));
+              absl::StrCat("verify.rule: ", rule_in.status().message())));
           WriteNextLocked();
           return absl::OkStatus();
         }
+        work.rule = *rule_in;
         if (v.draft_probs().size() % sizeof(float) != 0) {
           RefuseLocked(absl::InvalidArgumentError(absl::StrCat(
               "verify.draft_probs: ", v.draft_probs().size(), " bytes are not float32 values")));
@@ -252,7 +247,7 @@ class SessionService::Reactor final
           TokenIdsToProto(r->target_argmax, o->mutable_target_argmax());
           o->set_rule(rule);
           o->set_state_rows(static_cast<uint32_t>(StateRows(r->states)));
-          if (r->committed) CommittedToProto(*r->committed, o->mutable_committed());
+          if (r->committed) SessionCommittedToProto(*r->committed, o->mutable_committed());
           return absl::OkStatus();
         });
       }
@@ -267,7 +262,7 @@ class SessionService::Reactor final
             RefuseLocked(r.status());
             return absl::OkStatus();
           }
-          CommittedToProto(*r, out_.emplace_back().mutable_committed());
+          SessionCommittedToProto(*r, out_.emplace_back().mutable_committed());
           return absl::OkStatus();
         });
       }

@@ -14,7 +14,7 @@
 #include "common/models/target_session.h"
 #include "common/models/torch_util.h"
 #include "common/status.h"
-#include "services/extractor/engine.h"
+#include "common/models/engine.h"
 
 namespace specwire {
 namespace {
@@ -131,9 +131,9 @@ class TorchLiveSession final : public LiveSession {
     return out;
   }
 
-  absl::StatusOr<CommitOutput> Commit(int64_t accepted) override {
+  absl::StatusOr<SessionCommitted> Commit(int64_t accepted) override {
     BindIntraOpThreads();
-    CommitOutput out;
+    SessionCommitted out;
     const int64_t before = session_->rollback_tokens();
     SW_RETURN_IF_ERROR(RunGuarded("session commit", [&]() -> absl::Status {
       return session_->Commit(accepted);

@@ -11,19 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/contract.h"
+#include "common/extractor_api.h"
 #include "common/safetensors.h"
 
 namespace specwire {
-
-enum class StateTap { kLayerOutput, kEmbedding, kFinalNorm };
-
-// Which states to capture (layer ids per common/contract.h).
-struct StateSelection {
-  std::vector<int64_t> layer_ids;
-  bool embedding = false;
-  bool final_norm = false;
-  bool empty() const { return layer_ids.empty() && !embedding && !final_norm; }
-};
 
 // One captured state of one sequence, on the host in its wire dtype. `owner` keeps the bytes
 // alive (it holds the engine's tensor); the rpc side only reads `bytes`.
@@ -68,16 +59,6 @@ struct GenerateOutput {
   std::vector<HostState> states;              // over prompt + completion, per prompt
 };
 
-// A stored target tensor (GetTensors), in its stored dtype.
-struct TensorBytes {
-  std::string name;
-  std::vector<int64_t> shape;
-  DType dtype = DType::kBF16;
-  std::shared_ptr<const void> owner;
-  std::span<const std::byte> bytes;
-  std::string digest;
-};
-
 // One prompt's greedy generation in progress (its cache lives in the backend). The scheduler
 // prefills it chunk by chunk and decodes it in steps shared with every other sequence running.
 class GenerationSequence {
@@ -105,8 +86,6 @@ struct SessionWork {
   DType wire_dtype = DType::kBF16;
 };
 
-enum class DraftRule { kArgmaxDraft, kDraftDistribution };
-
 struct VerifyWork {
   std::vector<int64_t> tokens;
   std::vector<int32_t> parents;  // empty: a chain
@@ -121,22 +100,7 @@ struct SessionOpenOutput {
   std::vector<HostState> states;  // the prompt's rows
 };
 
-struct CommitOutput {
-  int64_t tokens = 0;  // prompt + committed completion
-  int64_t next_token = -1;
-  int64_t rollback_tokens = 0;
-};
-
-struct VerifyOutput {
-  int64_t position = 0;
-  int32_t accepted = 0;
-  std::vector<int64_t> accepted_tokens;
-  std::vector<int32_t> path;
-  int64_t next_token = -1;
-  std::vector<int64_t> target_argmax;
-  std::vector<HostState> states;  // the rows verification ran
-  std::optional<CommitOutput> committed;  // with VerifyWork::commit_accepted
-};
+using VerifyOutput = SessionVerified<HostState>;
 
 // One session's state in the backend. Calls run on the service's worker thread, one at a time.
 class LiveSession {
@@ -144,7 +108,7 @@ class LiveSession {
   virtual ~LiveSession() = default;
   // INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION naming the field; nothing changes then.
   virtual absl::StatusOr<VerifyOutput> Verify(const VerifyWork& work) = 0;
-  virtual absl::StatusOr<CommitOutput> Commit(int64_t accepted) = 0;
+  virtual absl::StatusOr<SessionCommitted> Commit(int64_t accepted) = 0;
   virtual int64_t bytes() const = 0;  // what its caches hold
 };
 
@@ -186,15 +150,5 @@ class ExtractorBackend {
     return absl::UnimplementedError("this backend has no live sessions");
   }
 };
-
-// HF output_hidden_states index of a state (see common/contract.h).
-inline int32_t HfHiddenStatesIndex(StateTap tap, int64_t layer_id, int64_t num_layers) {
-  switch (tap) {
-    case StateTap::kEmbedding: return 0;
-    case StateTap::kFinalNorm: return static_cast<int32_t>(num_layers);
-    case StateTap::kLayerOutput: return static_cast<int32_t>(layer_id + 1);
-  }
-  return -1;
-}
 
 }  // namespace specwire

@@ -14,7 +14,7 @@
 
 #include "common/rpc/stream_watchdog.h"
 #include "proto/convert.h"
-#include "proto/scorer_convert.h"
+#include "services/scorer/scorer_convert.h"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
 #include "services/scorer/metrics.h"
 #include "services/scorer/job/score_job.h"

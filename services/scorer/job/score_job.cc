@@ -28,7 +28,7 @@ class SessionTarget : public LiveTarget {
     SessionVerifyParams p;
     p.commit_accepted = commit_accepted;
     p.draft_tokens = draft;
-    p.rule = draft_probs.empty() ? SessionRule::kArgmaxDraft : SessionRule::kDraftDistribution;
+    p.rule = draft_probs.empty() ? DraftRule::kArgmaxDraft : DraftRule::kDraftDistribution;
     p.draft_probs = draft_probs;
     SW_ASSIGN_OR_RETURN(SessionVerifyReply r, session_->Verify(p));
     Verified v;

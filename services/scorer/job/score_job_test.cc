@@ -152,16 +152,16 @@ TEST(ReadPromptDataset, TextAndIdsBlankLinesAndLimit) {
 
 TEST(DrafterStates, LastLayerIsTheFinalNormTap) {
   // dflash reads hidden_states[id + 1]; for id = L − 1 that is transformers' final-normed state.
-  RequestedStates s = DrafterStates({2, 0, 2}, 3);
-  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{0}));
+  StateSelection s = DrafterStates({2, 0, 2}, 3);
+  EXPECT_EQ(s.layer_ids, (std::vector<int64_t>{0}));
   EXPECT_TRUE(s.final_norm);
   EXPECT_FALSE(s.embedding);
   s = DrafterStates({1, 16, 31, 46, 61}, 64);
-  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(s.layer_ids, (std::vector<int64_t>{1, 16, 31, 46, 61}));
   EXPECT_FALSE(s.final_norm);
   // EAGLE-3's auxiliary states are layer outputs before the norm, the last layer's too.
   s = DrafterStates({0, 2}, 3, /*last_layer_is_final_norm=*/false);
-  EXPECT_EQ(s.layer_ids, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(s.layer_ids, (std::vector<int64_t>{0, 2}));
   EXPECT_FALSE(s.final_norm);
 }
 
@@ -346,7 +346,7 @@ TEST(ScoreRunner, EventsInOrderAndASummaryOverAllPrompts) {
   EXPECT_DOUBLE_EQ(r.progress.back().tau_so_far, r.summary.tau_mean_of_means);
   EXPECT_DOUBLE_EQ(r.progress.back().tau_pooled_so_far, r.summary.tau_pooled);
   // The extractor was asked for layer 0 and the final-norm tap (layer 2 = L − 1), in fp32.
-  EXPECT_EQ(raw[0]->requested_states.layer_ids, (std::vector<int32_t>{0}));
+  EXPECT_EQ(raw[0]->requested_states.layer_ids, (std::vector<int64_t>{0}));
   EXPECT_TRUE(raw[0]->requested_states.final_norm);
   EXPECT_EQ(raw[0]->wire_dtype, DType::kF32);
   EXPECT_EQ(backend.last_states, 2u);

@@ -132,7 +132,7 @@ class FakeEndpoint : public ExtractorEndpoint {
   int delay_ms = 0;
   absl::Status fail_generate;
   absl::Status info_error;
-  RequestedStates requested_states;
+  StateSelection requested_states;
   DType wire_dtype = DType::kBF16;
 
  private:

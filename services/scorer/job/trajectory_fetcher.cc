@@ -12,9 +12,9 @@
 
 namespace specwire {
 
-RequestedStates DrafterStates(const std::vector<int64_t>& ids, int64_t num_layers,
+StateSelection DrafterStates(const std::vector<int64_t>& ids, int64_t num_layers,
                               bool last_layer_is_final_norm) {
-  RequestedStates s;
+  StateSelection s;
   for (int64_t id : ids) {
     if (id == num_layers - 1 && last_layer_is_final_norm) {
       s.final_norm = true;
@@ -260,7 +260,7 @@ TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
       cancelled_(cancelled),
       log_(std::move(log)),
       states_([&] {
-        RequestedStates s = DrafterStates(request_.target_layer_ids, request_.num_layers,
+        StateSelection s = DrafterStates(request_.target_layer_ids, request_.num_layers,
                                           request_.last_layer_is_final_norm);
         if (request_.final_norm) s.final_norm = true;
         return s;

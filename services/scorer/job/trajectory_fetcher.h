@@ -26,7 +26,7 @@ namespace specwire {
 // the final-norm output (transformers puts the normed state there), which the extractor serves
 // as the final_norm tap — layer id L − 1 of the extractor is the raw, un-normed output. EAGLE-3
 // drafters (last_layer_is_final_norm false) read that raw output.
-RequestedStates DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers,
+StateSelection DrafterStates(const std::vector<int64_t>& target_layer_ids, int64_t num_layers,
                               bool last_layer_is_final_norm = true);
 // The states of target_layer_ids, in that order (moved out of `received`; a layer listed twice
 // is copied for its second use), each of `rows` rows: DATA_LOSS naming a missing state or a
@@ -110,7 +110,7 @@ class TrajectoryFetcher {
   const TrajectoryOptions options_;
   const std::atomic<bool>& cancelled_;
   const std::function<void(const std::string&)> log_;
-  const RequestedStates states_;
+  const StateSelection states_;
   std::unique_ptr<Queue> queue_;
   std::unique_ptr<Tasks> tasks_;
   CallCancellation in_flight_;

@@ -39,7 +39,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
-#include "services/extractor/engine.h"
+#include "common/models/engine.h"
 #include "services/scorer/acceptance/acceptance.h"
 #include "services/scorer/acceptance/statistics.h"
 #include "services/scorer/drafters/registry.h"

@@ -1,4 +1,4 @@
-#include "services/extractor/engine.h"
+#include "common/models/engine.h"
 
 #include <algorithm>
 #include <cmath>

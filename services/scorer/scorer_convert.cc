@@ -1,4 +1,4 @@
-#include "proto/scorer_convert.h"
+#include "services/scorer/scorer_convert.h"
 
 #include "proto/convert.h"
 

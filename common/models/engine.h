@@ -14,8 +14,8 @@
 #include "common/models/decoder.h"
 #include "common/models/generate.h"
 #include "common/models/loader.h"
-#include "services/extractor/batch_layout.h"
-#include "services/extractor/work.h"
+#include "common/models/batch_layout.h"
+#include "common/extractor_api.h"
 
 namespace specwire {
 
