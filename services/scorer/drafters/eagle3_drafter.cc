@@ -28,6 +28,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kSpecForgeArchitecture[] = "LlamaForCausalLMEagle3";
+constexpr char kPEagleArchitecture[] = "PEagleDraftModel";  // SpecForge's; speculators' save too
 
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -88,18 +89,42 @@ absl::StatusOr<std::optional<Eagle3Format>> DetectEagle3(const std::string& json
   return std::optional<Eagle3Format>();
 }
 
+absl::StatusOr<std::optional<Eagle3Format>> DetectPEagle(const std::string& json_text,
+                                                         const std::string& source) {
+  SW_ASSIGN_OR_RETURN(json doc, JsonReader::Parse(json_text, source));
+  const JsonReader root(doc, source);
+  bool named = false;
+  if (doc.contains("architectures") && doc["architectures"].is_array()) {
+    for (const json& a : doc["architectures"]) named |= a.is_string() && a == kPEagleArchitecture;
+  }
+  if (root.Has("speculators_model_type")) {
+    // speculators' save_pretrained writes architectures ["PEagleDraftModel"] too.
+    SW_ASSIGN_OR_RETURN(std::string type, root.String("speculators_model_type"));
+    if (type != "peagle") return std::optional<Eagle3Format>();
+    return std::optional<Eagle3Format>(Eagle3Format::kSpeculators);
+  }
+  if (named) return std::optional<Eagle3Format>(Eagle3Format::kSpecForge);
+  return std::optional<Eagle3Format>();
+}
+
 absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
                                                const std::string& source) {
-  SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> format, DetectEagle3(json_text, source));
+  SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> parallel, DetectPEagle(json_text, source));
+  std::optional<Eagle3Format> format = parallel;
+  if (!format) {
+    SW_ASSIGN_OR_RETURN(format, DetectEagle3(json_text, source));
+  }
   if (!format) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": not an EAGLE-3 drafter (neither speculators_model_type \"eagle3\" nor "
-                "architectures [\"", kSpecForgeArchitecture, "\"])"));
+        source, ": not an EAGLE-3 or P-EAGLE drafter (neither speculators_model_type \"eagle3\" "
+                "/ \"peagle\" nor architectures [\"", kSpecForgeArchitecture, "\"] / [\"",
+                kPEagleArchitecture, "\"])"));
   }
   SW_ASSIGN_OR_RETURN(json doc, JsonReader::Parse(json_text, source));
   const JsonReader root(doc, source);
   Eagle3Config c;
   c.format = *format;
+  c.parallel = parallel.has_value();
   std::vector<int64_t> windows;
   if (c.format == Eagle3Format::kSpeculators) {
     SW_ASSIGN_OR_RETURN(JsonReader tl, root.Object("transformer_layer_config"));
@@ -125,7 +150,10 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
     SW_ASSIGN_OR_RETURN(c.norm_before_residual, root.Bool("norm_before_residual", false));
     SW_ASSIGN_OR_RETURN(c.feed_normed_hidden, root.Bool("norm_output", false));
     c.norm_before_head = true;
-    c.position_offset = 1;
+    // P-EAGLE's slot j (the token after j, the states at j) sits at RoPE position j; speculators'
+    // EAGLE-3 at j + 1. norm_output changes nothing in P-EAGLE (no step feeds a state back).
+    c.position_offset = c.parallel ? 0 : 1;
+    if (c.parallel) c.feed_normed_hidden = false;
     // speculators builds fc as Linear(A·H, H): the target's states must be H wide.
     c.target_hidden_size = c.layers.hidden_size;
     if (root.Has("speculators_config")) {
@@ -147,19 +175,28 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
       }
     }
   } else {
-    // SpecForge's draft config is a LlamaConfig at the top level; the model always has one layer
-    // (`midlayer`) and no biases, whatever num_hidden_layers / attention_bias say.
+    // SpecForge's draft config is a LlamaConfig at the top level; its EAGLE-3 always has one
+    // layer (`midlayer`) and no biases, whatever num_hidden_layers / attention_bias say; its
+    // P-EAGLE has num_hidden_layers layers (`layers.{i}`), no biases, and plain RoPE at
+    // rope_theta (its rotary embedding ignores rope scaling).
     SW_ASSIGN_OR_RETURN(c.layers, ParseModelConfig(json_text, source));
     if (c.layers.family != ModelFamily::kLlama) {
-      return root.Error("model_type", absl::StrCat("is \"", c.layers.model_type,
-                                                   "\"; SpecForge's LlamaForCausalLMEagle3 is a "
-                                                   "llama layer"));
+      return root.Error("model_type", absl::StrCat("is \"", c.layers.model_type, "\"; SpecForge's ",
+                                                   c.parallel ? kPEagleArchitecture
+                                                              : kSpecForgeArchitecture,
+                                                   " is built of llama layers"));
     }
-    c.layers.num_layers = 1;
-    c.layers.layer_types.assign(1, LayerType::kFullAttention);
+    if (!c.parallel) c.layers.num_layers = 1;
+    c.layers.layer_types.assign(c.layers.num_layers, LayerType::kFullAttention);
     c.layers.attention_bias = false;
     c.layers.mlp_bias = false;
-    windows.assign(1, 0);
+    if (c.parallel) {
+      RopeConfig plain;
+      plain.theta = c.layers.rope.theta;
+      c.layers.rope = plain;
+      SW_ASSIGN_OR_RETURN(c.norm_before_residual, root.Bool("norm_before_residual", false));
+    }
+    windows.assign(c.layers.num_layers, 0);
     SW_ASSIGN_OR_RETURN(std::optional<int64_t> dv, root.OptionalInt("draft_vocab_size"));
     c.draft_vocab_size = dv.value_or(c.layers.vocab_size);
     SW_ASSIGN_OR_RETURN(std::optional<int64_t> th, root.OptionalInt("target_hidden_size"));
@@ -177,9 +214,29 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
         }
       }
     }
-    SW_ASSIGN_OR_RETURN(c.fc_norm, root.Bool("fc_norm", false));
-    SW_ASSIGN_OR_RETURN(c.norm_before_head, root.Bool("norm_output", true));
+    if (!c.parallel) {
+      SW_ASSIGN_OR_RETURN(c.fc_norm, root.Bool("fc_norm", false));
+      SW_ASSIGN_OR_RETURN(c.norm_before_head, root.Bool("norm_output", true));
+    }
     c.position_offset = 0;
+  }
+  if (c.parallel) {
+    // speculators saves it; SpecForge keeps it in its run config, and vLLM needs it in
+    // config.json either way.
+    if (!root.Has("mask_token_id") || doc["mask_token_id"].is_null()) {
+      return root.Error("mask_token_id",
+                        c.format == Eagle3Format::kSpecForge
+                            ? "is missing; SpecForge keeps P-EAGLE's mask token in its run "
+                              "config: add the id it trained with to config.json (vLLM's "
+                              "parallel drafting reads it there too)"
+                            : "is missing; P-EAGLE fills its future slots with it");
+    }
+    SW_ASSIGN_OR_RETURN(c.mask_token_id, root.Int("mask_token_id"));
+    if (c.mask_token_id < 0 || c.mask_token_id >= c.layers.vocab_size) {
+      return root.Error("mask_token_id", absl::StrCat("is ", c.mask_token_id,
+                                                      "; it must be in [0, vocab_size ",
+                                                      c.layers.vocab_size, ")"));
+    }
   }
   if (c.draft_vocab_size <= 0 || c.draft_vocab_size > c.layers.vocab_size) {
     return root.Error("draft_vocab_size",
@@ -259,6 +316,7 @@ struct Eagle3Drafter::Impl {
   at::Device device = at::kCPU;
   std::unique_ptr<Checkpoint> checkpoint;
   at::Tensor fc_w, input_norm, norm, lm_head, embed_tokens, own_embed;
+  at::Tensor mask_hidden;            // P-EAGLE: [1, 1, A·T], the future slots' auxiliary states
   std::vector<at::Tensor> fc_norms;
   at::Tensor d2t, t2d;               // CPU int64 [Vd], bool [V] (undefined: identity)
   std::vector<int64_t> draft_to_target;  // [Vd]
@@ -277,14 +335,16 @@ struct Eagle3Drafter::Impl {
   }
   double eps() const { return config.layers.rms_norm_eps; }
   std::string LayerPrefix(size_t i) const {
-    return config.format == Eagle3Format::kSpecForge ? std::string("midlayer.")
-                                                      : absl::StrCat("layers.", i, ".");
+    return config.format == Eagle3Format::kSpecForge && !config.parallel
+               ? std::string("midlayer.")
+               : absl::StrCat("layers.", i, ".");
   }
 
   void ForEachWeight(const WeightVisitor& visit) {
     const int64_t h = H(), t = config.target_hidden_size, q_out = Hq() * D(), kv_out = Hkv() * D();
     const int64_t I = config.layers.intermediate_size;
     visit({"fc.weight", {h, A() * t}, &fc_w});
+    if (config.parallel) visit({"mask_hidden", {1, 1, A() * t}, &mask_hidden});
     if (config.norm_before_fc) visit({"input_norm.weight", {A() * t}, &input_norm});
     if (config.fc_norm) {
       fc_norms.resize(A());
@@ -443,6 +503,38 @@ struct Eagle3Drafter::Impl {
     return h;
   }
 
+  // P-EAGLE's future slots d = 1..n after a context of `length` rows: K/V at slots
+  // [length, length + n), RoPE positions P(length − 1) + d; slot d attends to the context rows
+  // inside its window (those after P(length − 1) + d − window), to the anchor's row (its own
+  // chain, window or not) and to slots 1..d.
+  at::Tensor ParallelRows(std::vector<std::unique_ptr<KvCache>>& kv, int64_t length,
+                          const at::Tensor& e, const at::Tensor& g) const {
+    const int64_t n = e.size(0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D()));
+    const int64_t pos0 = length - 1 + config.position_offset + 1;
+    at::Tensor h;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      auto [x, residual] = LayerInput(i, e, g, h);
+      auto [q, kk, vv] = Qkv(l, x, pos0);
+      kv[i]->k.narrow(2, length, n).copy_(kk);
+      kv[i]->v.narrow(2, length, n).copy_(vv);
+      // allow[d − 1][j]: context row j (j < length) or slot j − length + 1 ≤ d.
+      at::Tensor allow = at::zeros({n, length + n}, at::TensorOptions().dtype(at::kBool));
+      for (int64_t d = 1; d <= n; ++d) {
+        const int64_t lo = l.window > 0 ? std::max<int64_t>(0, length + d - l.window) : 0;
+        if (lo < length) allow[d - 1].narrow(0, lo, length - lo).fill_(true);
+        allow[d - 1][length - 1] = true;  // the anchor's row is the slot's own chain
+        allow[d - 1].narrow(0, length, d).fill_(true);
+      }
+      at::Tensor attn = at::scaled_dot_product_attention(
+          q, kv[i]->k.narrow(2, 0, length + n), kv[i]->v.narrow(2, 0, length + n),
+          allow.to(device).view({1, 1, n, length + n}), 0.0, false, scale, Hq() != Hkv());
+      h = Finish(l, attn.transpose(1, 2).reshape({n, Hq() * D()}), residual);
+    }
+    return h;
+  }
+
   at::Tensor Head(const at::Tensor& h) const {
     return at::linear(config.norm_before_head ? Norm(h, norm) : h, lm_head).to(at::kFloat);
   }
@@ -483,10 +575,12 @@ absl::StatusOr<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::Load(const std::st
                              : 0;
   }
   const int64_t V = m.config.layers.vocab_size, Vd = m.config.draft_vocab_size;
-  absl::Status status = RunGuarded("loading EAGLE-3 drafter " + dir, [&]() -> absl::Status {
+  const char* family = m.config.parallel ? "P-EAGLE" : "EAGLE-3";
+  absl::Status status = RunGuarded(absl::StrCat("loading ", family, " drafter ", dir),
+                                   [&]() -> absl::Status {
     std::set<std::string> consumed;
     SW_RETURN_IF_ERROR(LoadDraftWeights(
-        *m.checkpoint, dir, "EAGLE-3", [&](const WeightVisitor& v) { m.ForEachWeight(v); },
+        *m.checkpoint, dir, family, [&](const WeightVisitor& v) { m.ForEachWeight(v); },
         dtype, consumed,
         [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
           if (slot.name != "fc.weight") return std::string();
@@ -512,15 +606,15 @@ absl::StatusOr<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::Load(const std::st
           name.starts_with("verifier_")) {
         continue;
       }
-      return absl::InvalidArgumentError(absl::StrCat("unexpected tensor \"", name,
-                                                     "\" in EAGLE-3 drafter ", dir, " (",
+      return absl::InvalidArgumentError(absl::StrCat("unexpected tensor \"", name, "\" in ",
+                                                     family, " drafter ", dir, " (",
                                                      Eagle3FormatName(m.config.format),
                                                      " format)"));
     }
     auto to_dev = [&](at::Tensor& t) {
       if (t.defined()) t = t.to(device, dtype).contiguous();
     };
-    for (at::Tensor* t : {&m.fc_w, &m.input_norm, &m.norm, &m.lm_head}) to_dev(*t);
+    for (at::Tensor* t : {&m.fc_w, &m.input_norm, &m.norm, &m.lm_head, &m.mask_hidden}) to_dev(*t);
     for (at::Tensor& t : m.fc_norms) to_dev(t);
     for (Impl::Layer& l : m.layers) {
       for (at::Tensor* t : {&l.in_norm, &l.hid_norm, &l.post_norm, &l.q_norm, &l.k_norm, &l.q_w,
@@ -738,6 +832,26 @@ at::Tensor Eagle3Drafter::DraftChain(Eagle3Cache& cache, int64_t len,
     }
   }
   if (accepted != nullptr) *accepted = a;
+  return out;
+}
+
+at::Tensor Eagle3Drafter::DraftParallel(Eagle3Cache& cache, int64_t len) const {
+  const Impl& m = *impl_;
+  TORCH_CHECK(m.config.parallel, "DraftParallel: not a P-EAGLE drafter");
+  TORCH_CHECK(cache.length_ >= 1, "P-EAGLE: a block needs at least one context row");
+  TORCH_CHECK(len >= 2, "P-EAGLE: a block of ", len - 1, " drafts");
+  c10::InferenceMode guard;
+  EnsureCapacity(cache, cache.length_ + len);
+  at::Tensor out = at::empty({len - 1, m.config.draft_vocab_size}, at::kFloat);
+  out[0].copy_(m.Head(cache.last_hidden_).reshape({-1}).to(at::kCPU));
+  if (len > 2) {
+    const int64_t n = len - 2;
+    auto kv = Views(cache.k_, cache.v_, m.dtype, m.device);
+    const std::vector<int64_t> masks(n, m.config.mask_token_id);
+    at::Tensor g = m.Project(m.mask_hidden.view({1, -1})).expand({n, m.H()});
+    at::Tensor h = m.ParallelRows(kv, cache.length_, m.Embed(masks), g.contiguous());
+    out.narrow(0, 1, n).copy_(m.Head(h).to(at::kCPU));
+  }
   return out;
 }
 

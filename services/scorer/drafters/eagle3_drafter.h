@@ -42,6 +42,14 @@ const char* Eagle3FormatName(Eagle3Format f);  // "speculators" | "specforge"
 
 struct Eagle3Config {
   Eagle3Format format = Eagle3Format::kSpeculators;
+  // P-EAGLE (speculators_model_type "peagle"; SpecForge's PEagleDraftModel): the same drafter
+  // plus one learned auxiliary state, mask_hidden, drafting a whole block in one forward: the
+  // block's future slots pair the embedding of mask_token_id with fc(mask_hidden) (the pre-fc
+  // norms applied to it too), at consecutive RoPE positions after the anchor's, attending to the
+  // context (windowed from their own position) and to each other causally. P(j) = j in both
+  // formats; SpecForge's P-EAGLE has num_hidden_layers `layers.{i}` and plain RoPE.
+  bool parallel = false;
+  int64_t mask_token_id = -1;  // P-EAGLE
   // The drafter's decoder layers (model_type llama or qwen3; vocab_size = the target's vocabulary).
   ModelConfig layers;
   int64_t draft_vocab_size = 0;
@@ -77,6 +85,11 @@ struct Eagle3Config {
 absl::StatusOr<std::optional<Eagle3Format>> DetectEagle3(const std::string& json_text,
                                                          const std::string& source);
 
+// The same for P-EAGLE (parallel drafting; the EAGLE-3 family's config with mask_token_id).
+absl::StatusOr<std::optional<Eagle3Format>> DetectPEagle(const std::string& json_text,
+                                                         const std::string& source);
+
+// Either declaration (Eagle3Config::parallel says which).
 absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
                                                const std::string& source = "config.json");
 
@@ -146,6 +159,10 @@ class Eagle3Drafter {
   // differs from it (the rows after it are not computed and stay zero).
   at::Tensor DraftChain(Eagle3Cache& cache, int64_t len, std::span<const int64_t> forced = {},
                         std::span<const int64_t> stop_at = {}, int64_t* accepted = nullptr) const;
+  // P-EAGLE: a block of len − 1 drafts after the context (start = cache.length()) in one
+  // forward: draft-vocabulary logits [len − 1, Vd] (fp32), row 0 the last context row's, rows
+  // 1.. the future slots'. The cache's length does not change.
+  at::Tensor DraftParallel(Eagle3Cache& cache, int64_t len) const;
   // The draft tree after the context (start = cache.length()), at most `levels` deep (≤
   // options.depth; the replay shortens it at max_length).
   Eagle3Tree DraftTree(Eagle3Cache& cache, const Eagle3TreeOptions& options,

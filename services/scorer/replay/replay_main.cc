@@ -50,7 +50,7 @@
 
 ABSL_FLAG(std::string, drafter, "",
           "The drafter: a checkpoint directory (config.json + safetensors) of any family "
-          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3).");
+          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3, P-EAGLE).");
 ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
 ABSL_FLAG(std::string, tokens_file, "",
