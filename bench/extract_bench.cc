@@ -41,20 +41,15 @@
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 #include "common/models/engine.h"
+#include "common/models/target_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
-ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
-ABSL_FLAG(std::string, device_map, "cpu",
-          "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
 ABSL_FLAG(std::string, layers, "all",
           "all (embedding, every layer, final norm) | none (final norm only) | 0,5,...");
 ABSL_FLAG(std::string, seq_lens, "512", "Sequence lengths to time, comma-separated.");
 ABSL_FLAG(int, batch, 1, "Sequences per forward.");
 ABSL_FLAG(int, reps, 3, "Timed repetitions per sequence length.");
 ABSL_FLAG(int, warmup, 1, "Untimed repetitions first.");
-ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(std::string, cpu_binding, "auto",
           "Intra-op threads bound to CPUs: auto | none | cores | a list such as 0-3 (the "
           "extractor's flag, with its default).");
@@ -95,12 +90,13 @@ int main(int argc, char** argv) {
       "[--reps 3] [--warmup 1] [--threads N] [--batch B] [--layers all|none|0,5] "
       "[--device_map cpu] [--batch_layout per_sequence|padded] [--gemm]");
   if (!args.empty()) return Fail("unexpected argument " + args[0]);
-  const std::string model_dir = absl::GetFlag(FLAGS_model), dtype_name = absl::GetFlag(FLAGS_dtype),
-                    device = absl::GetFlag(FLAGS_device_map), layers = absl::GetFlag(FLAGS_layers);
+  const std::string model_dir = absl::GetFlag(FLAGS_model), layers = absl::GetFlag(FLAGS_layers);
+  auto target = TargetFlagsFromFlags("float32");
+  if (!target.ok()) return Fail(std::string(target.status().message()));
   const int reps = absl::GetFlag(FLAGS_reps), warmup = absl::GetFlag(FLAGS_warmup),
-            threads = absl::GetFlag(FLAGS_threads), batch_flag = absl::GetFlag(FLAGS_batch);
+            threads = target->threads, batch_flag = absl::GetFlag(FLAGS_batch);
   if (model_dir.empty()) return Fail("--model is required (see --help)");
-  if (reps < 1 || warmup < 0 || threads < 0 || batch_flag < 1) return Fail("bad flag value");
+  if (reps < 1 || warmup < 0 || batch_flag < 1) return Fail("bad flag value");
   std::vector<int64_t> seq_lens;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
     int64_t n;
@@ -113,14 +109,11 @@ int main(int argc, char** argv) {
   if (!binding.ok()) return Fail(std::string(binding.status().message()));
   SetCpuBinding(*binding);
   BindIntraOpThreads();  // this thread runs every forward below
-  auto dtype = ParseComputeDtype(dtype_name);
-  if (!dtype.ok()) return Fail(std::string(dtype.status().message()));
-  LoadOptions load;
-  load.dtype = *dtype;
-  load.device_map = device;
-  auto kernels = ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels");
-  if (!kernels.ok()) return Fail(std::string(kernels.status().message()));
-  load.kernels = *kernels;
+  auto load_options = TargetLoadOptions(*target);
+  if (!load_options.ok()) return Fail(std::string(load_options.status().message()));
+  LoadOptions load = *load_options;
+  const at::ScalarType dtype = load.dtype;
+  const std::string& dtype_name = target->dtype;
   if (absl::GetFlag(FLAGS_random_weights)) load.random_weights_seed = 0;
   auto engine = ExtractionEngine::Load(model_dir, load);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
@@ -153,7 +146,7 @@ int main(int argc, char** argv) {
   } else {
     capture.final_norm = true;
   }
-  if (auto st = (*engine)->SetBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout");
+  if (auto st = (*engine)->SetBatchLayout(target->batch_layout, "--batch_layout");
       !st.ok()) {
     return Fail(std::string(st.message()));
   }
@@ -165,7 +158,7 @@ int main(int argc, char** argv) {
   const KernelSet kernel_set = ResolveKernelSet(cfg.family, load.kernels);
   std::vector<std::vector<std::pair<int64_t, Linear>>> gemm_weights;  // (in_features, product)
   if (gemm) {
-    const auto opts = at::TensorOptions().dtype(*dtype).device(dev);
+    const auto opts = at::TensorOptions().dtype(dtype).device(dev);
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       gemm_weights.emplace_back();
       for (const auto& [out, in] : LayerGemms(cfg, cfg.layer_types[l])) {
@@ -197,7 +190,7 @@ int main(int argc, char** argv) {
     for (const auto& layer : gemm_weights) {
       for (const auto& [in, product] : layer) {
         if (!inputs.count(in)) {
-          inputs[in] = at::randn({call_rows, in}, at::TensorOptions().dtype(*dtype).device(dev));
+          inputs[in] = at::randn({call_rows, in}, at::TensorOptions().dtype(dtype).device(dev));
         }
       }
     }
@@ -211,7 +204,7 @@ int main(int argc, char** argv) {
     nlohmann::json syncs;
     if (absl::GetFlag(FLAGS_count_syncs)) {
       SyncCounter counter(dev);
-      auto out = (*engine)->Extract(seqs, capture, *dtype, *layout);
+      auto out = (*engine)->Extract(seqs, capture, dtype, *layout);
       if (!out.ok()) return Fail(std::string(out.status().message()));
       syncs = counter.Stop();
     }
@@ -221,7 +214,7 @@ int main(int argc, char** argv) {
     int64_t attention_layers = 0;
     for (LayerType t : cfg.layer_types) attention_layers += t != LayerType::kLinearAttention;
     if (gemm && attention_layers > 0) {
-      const auto opts = at::TensorOptions().dtype(*dtype).device(dev);
+      const auto opts = at::TensorOptions().dtype(dtype).device(dev);
       q = at::randn({1, T, cfg.num_heads, cfg.head_dim}, opts).transpose(1, 2);
       k = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
       v = at::randn({1, T, cfg.num_kv_heads, cfg.head_dim}, opts).transpose(1, 2);
@@ -231,7 +224,7 @@ int main(int argc, char** argv) {
       SynchronizeDevice(dev);
       auto t0 = std::chrono::steady_clock::now();
       // Hidden states stay in the compute dtype, copied to the host as a client would receive them.
-      auto out = (*engine)->Extract(seqs, capture, *dtype, *layout);
+      auto out = (*engine)->Extract(seqs, capture, dtype, *layout);
       SynchronizeDevice(dev);
       auto t1 = std::chrono::steady_clock::now();
       if (!out.ok()) return Fail(std::string(out.status().message()));
@@ -253,7 +246,7 @@ int main(int argc, char** argv) {
             if (c.final_norm.defined()) taps.push_back(c.final_norm);
             for (const at::Tensor& t : taps) {
               at::Tensor host = at::empty(
-                  t.sizes(), at::TensorOptions().dtype(*dtype).pinned_memory(dev.is_cuda()));
+                  t.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(dev.is_cuda()));
               host.copy_(t);
               state_bytes += static_cast<int64_t>(host.nbytes());
             }
@@ -279,7 +272,7 @@ int main(int argc, char** argv) {
         }
         SynchronizeDevice(dev);
         auto g1 = std::chrono::steady_clock::now();
-        const ForwardContext attention_ctx(0, T, *dtype);
+        const ForwardContext attention_ctx(0, T, dtype);
         const AttentionKernel kernel = AttentionKernelOf(kernel_set);
         const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
         for (int64_t s = 0; q.defined() && s < batch; ++s) {
@@ -305,7 +298,7 @@ int main(int argc, char** argv) {
                            {"cpu_binding", binding->ToString()},
                            {"attention_kernel",
                             AttentionKernelName(
-                                AttentionKernelOf(kernel_set), *dtype, dev)},
+                                AttentionKernelOf(kernel_set), dtype, dev)},
                            {"kernels", KernelSetName(kernel_set)}};
     line["packed_rows"] = (*engine)->packed_rows();
     line["device"] = dev.str();

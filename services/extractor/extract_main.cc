@@ -29,14 +29,9 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "common/models/engine.h"
+#include "common/models/target_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
-ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
-ABSL_FLAG(std::string, device_map, "cpu",
-          "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
-ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
-ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
 ABSL_FLAG(std::string, tokens_file, "",
           "JSON file with a list of token-id lists (instead of --tokens).");
@@ -120,16 +115,10 @@ absl::Status Run(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError("unknown command " + command + " (see --help)");
   }
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
-  if (const int n = absl::GetFlag(FLAGS_threads); n < 0) {
-    return absl::InvalidArgumentError("--threads must not be negative");
-  } else if (n > 0) {
-    at::set_num_threads(n);
-  }
+  SW_ASSIGN_OR_RETURN(const TargetFlags target, TargetFlagsFromFlags("float32"));
+  if (target.threads > 0) at::set_num_threads(target.threads);
   KeepFreedMemoryForReuse();
-  LoadOptions load;
-  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
-  load.device_map = absl::GetFlag(FLAGS_device_map);
-  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels"));
+  SW_ASSIGN_OR_RETURN(const LoadOptions load, TargetLoadOptions(target));
   SW_ASSIGN_OR_RETURN(auto engine, ExtractionEngine::Load(absl::GetFlag(FLAGS_model), load));
 
   if (command == "info") {
@@ -164,7 +153,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (out_path.empty()) return absl::InvalidArgumentError("--out is required for extract");
   SW_ASSIGN_OR_RETURN(at::ScalarType out_dtype, ParseComputeDtype(absl::GetFlag(FLAGS_out_dtype)));
   // The contract in the file's metadata says which layout ran.
-  SW_RETURN_IF_ERROR(engine->SetBatchLayout(absl::GetFlag(FLAGS_batch_layout), "--batch_layout"));
+  SW_RETURN_IF_ERROR(engine->SetBatchLayout(target.batch_layout, "--batch_layout"));
   SW_ASSIGN_OR_RETURN(auto states, engine->Extract(seqs, capture, out_dtype));
 
   std::vector<std::pair<std::string, at::Tensor>> named;

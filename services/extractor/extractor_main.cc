@@ -19,6 +19,7 @@
 #include "common/rpc/server_startup.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/models/batch_layout.h"
+#include "common/models/target_flags.h"
 #include "services/extractor/metrics.h"
 #include "services/extractor/scheduler.h"
 #include "services/extractor/server.h"
@@ -26,27 +27,16 @@
 
 ABSL_FLAG(std::string, model, "",
           "Checkpoint directory (config.json, *.safetensors, tokenizer.json). Required.");
-ABSL_FLAG(std::string, dtype, "bfloat16", "Compute dtype: float32 | bfloat16 | float16.");
-ABSL_FLAG(std::string, device_map, "cpu",
-          "Where layers run: cpu | cuda | cuda:0,cuda:1 (even split) | cuda:0=0-31,cuda:1=32-63.");
-ABSL_FLAG(int, threads, 0, "Intra-op CPU threads for the engine (0: torch's default).");
 ABSL_FLAG(std::string, cpu_binding, "auto",
           "Where the engine's intra-op threads run: auto (cores when --threads takes every CPU "
           "this process may use, else none) | none (the kernel places them) | cores (thread i on "
           "the i-th CPU this process may use) | CPU ids and ranges, e.g. 0-3,8 (one instance of "
           "several on a host).");
-ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(std::string, batch_layout, "auto", specwire::kBatchLayoutFlagHelp);
 ABSL_FLAG(int64_t, canary_tokens, 80,
           "Tokens of the canary input run at load: every tap's statistics go into the contract "
           "(its canary fingerprint, which specwire-cli fingerprint prints and compares); 0: none.");
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port).");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus metrics address (host:port); empty disables the exporter.");
 ABSL_FLAG(int64_t, max_batch_tokens, 16384,
           "Dynamic batching budget: padded tokens (sequences x longest) per forward pass.");
-ABSL_FLAG(int64_t, max_queue, 64,
-          "Requests waiting for the engine at most; more get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_running_sequences, 64,
           "Continuous batching: generation sequences admitted at once (each decoding step "
           "serves all of them); a request waits until its prompts fit.");
@@ -73,15 +63,6 @@ ABSL_FLAG(int64_t, session_cache_bytes, int64_t{4} << 30,
 ABSL_FLAG(double, session_idle_seconds, 300,
           "A session that sends no request for this long is closed (DEADLINE_EXCEEDED) and its "
           "state freed; 0: never.");
-ABSL_FLAG(double, stream_idle_seconds, 60,
-          "A stream whose client has read nothing for this long is cancelled (its slot and work "
-          "freed); 0: never.");
-ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
-          "Bytes of one text input (Extract, Generate, Tokenize) at most; longer texts are refused "
-          "before they are tokenized.");
-// Not --max_new_tokens: in every client binary that is the completion budget of a request.
-ABSL_FLAG(int64_t, max_new_tokens_limit, 4096,
-          "Generate: the largest max_new_tokens a request may ask for.");
 ABSL_FLAG(int64_t, default_chunk_bytes, 1 << 20,
           "Hidden-state chunk size when the request gives none.");
 ABSL_FLAG(int64_t, max_chunk_bytes, 4 << 20,
@@ -107,18 +88,23 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_model).empty()) return Fail("--model is required (see --help)");
   // Certificates and the token are read before the slow start-up work, so that a wrong path
   // fails at once.
-  const ServerFlagOptions server_flags = ServerOptionsFromFlags();
+  auto parsed_server_flags =
+      ServerOptionsFromFlags({"127.0.0.1:50051", "127.0.0.1:9464", /*max_queue=*/64});
+  if (!parsed_server_flags.ok()) return Fail(parsed_server_flags.status().ToString());
+  const ServerFlagOptions& server_flags = *parsed_server_flags;
   auto credentials = MakeServerCredentials(server_flags.security);
   if (!credentials.ok()) return Fail(credentials.status().ToString());
 
+  auto target = TargetFlagsFromFlags("bfloat16");
+  if (!target.ok()) return Fail(target.status().ToString());
   BackendOptions bo;
   bo.model_dir = absl::GetFlag(FLAGS_model);
-  bo.dtype = absl::GetFlag(FLAGS_dtype);
-  bo.device_map = absl::GetFlag(FLAGS_device_map);
-  bo.threads = absl::GetFlag(FLAGS_threads);
+  bo.dtype = target->dtype;
+  bo.device_map = target->device_map;
+  bo.threads = target->threads;
   bo.cpu_binding = absl::GetFlag(FLAGS_cpu_binding);
-  bo.batch_layout = absl::GetFlag(FLAGS_batch_layout);
-  bo.kernels = absl::GetFlag(FLAGS_kernels);
+  bo.batch_layout = target->batch_layout;
+  bo.kernels = target->kernels;
   bo.canary_tokens = absl::GetFlag(FLAGS_canary_tokens);
   if (bo.canary_tokens < 0) return Fail("--canary_tokens must not be negative");
   auto backend = LoadTorchBackend(bo);
@@ -135,7 +121,7 @@ int main(int argc, char** argv) {
   ExtractorMetrics metrics;
   SchedulerOptions so;
   so.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  so.max_queue = absl::GetFlag(FLAGS_max_queue);
+  so.max_queue = server_flags.max_queue;
   so.max_running_sequences = absl::GetFlag(FLAGS_max_running_sequences);
   so.max_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (so.max_running_sequences < 1 || so.max_cache_bytes < 1) {
@@ -156,13 +142,13 @@ int main(int argc, char** argv) {
   limits.max_sequences_per_request = absl::GetFlag(FLAGS_max_sequences_per_request);
   limits.max_tokens_per_sequence = absl::GetFlag(FLAGS_max_tokens_per_sequence);
   limits.max_tokens_per_request = absl::GetFlag(FLAGS_max_tokens_per_request);
-  limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  limits.max_new_tokens = server_flags.max_new_tokens_limit;
   limits.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   limits.default_chunk_bytes = absl::GetFlag(FLAGS_default_chunk_bytes);
   limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
-  limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
+  limits.max_text_bytes = server_flags.max_text_bytes;
   limits.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
-  limits.stream_idle_seconds = absl::GetFlag(FLAGS_stream_idle_seconds);
+  limits.stream_idle_seconds = server_flags.stream_idle_seconds;
   limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   limits.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   limits.session_idle_seconds = absl::GetFlag(FLAGS_session_idle_seconds);
@@ -171,8 +157,8 @@ int main(int argc, char** argv) {
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 
   ServerStartOptions start;
-  start.listen = absl::GetFlag(FLAGS_listen);
-  start.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  start.listen = server_flags.listen;
+  start.metrics_listen = server_flags.metrics_listen;
   start.credentials = *credentials;
   start.services = {&service};
   start.service_names = {"specwire.v1.Extractor"};

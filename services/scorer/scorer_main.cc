@@ -1,6 +1,6 @@
 // specwire-scorer: the scorer gRPC server.
 //
-// Scores DFlash drafters (given per request as a directory on this host) against the target that
+// Scores drafters of any family (given per request as a directory on this host) against the target that
 // one or more extractors serve (--extractor, fixed here), streams per-prompt results and the
 // summary (specwire.v1.Scorer), exports vLLM-compatible acceptance counters and service metrics
 // to Prometheus on their own address, and drains gracefully on SIGTERM / SIGINT. Its flags come
@@ -30,24 +30,11 @@
 #include "services/scorer/server.h"
 #include "services/scorer/eval/submit_service.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
-          "gRPC listen address (host:port; port 0 picks one).");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9465",
-          "Prometheus metrics address (host:port); empty disables the exporter.");
-ABSL_FLAG(int64_t, max_queue, 16,
-          "Score jobs waiting at most (one runs at a time); more get RESOURCE_EXHAUSTED.");
 // The limits a job may ask for. Not --max_prompts / --max_new_tokens: those are what one job asks
 // for in specwire-score (and every client binary).
 ABSL_FLAG(int64_t, max_prompts_per_job, 100000, "Prompts per job at most.");
-ABSL_FLAG(int64_t, max_new_tokens_limit, 4096, "The largest max_new_tokens a job may ask for.");
 ABSL_FLAG(int64_t, max_ddtree_budget, 4096, "DDTree node budget at most.");
 ABSL_FLAG(int64_t, max_ddtree_budgets, 16, "DDTree budgets per job at most.");
-ABSL_FLAG(double, stream_idle_seconds, 60,
-          "A Score stream whose client has read nothing for this long is cancelled (its job "
-          "too); 0: never.");
-ABSL_FLAG(int64_t, max_text_bytes, 1 << 20,
-          "Bytes of one text prompt (inline or in a dataset) at most; refused before the job is "
-          "queued.");
 ABSL_FLAG(std::string, data_root, "",
           "If set, drafter_path and dataset_path of requests must lie under this directory.");
 // Push mode (specwire.v1.CheckpointScorer, on when --eval_sets is given).
@@ -92,14 +79,17 @@ int main(int argc, char** argv) {
   ParseCommandLineFlags(
       argc, argv,
       "specwire-scorer --extractor ADDR[,ADDR...] [flags]\n"
-      "Scores DFlash drafters against the target the extractor(s) serve (specwire.v1.Scorer),\n"
+      "Scores drafters (any family specwire reads) against the target the extractor(s) serve (specwire.v1.Scorer),\n"
       "plus grpc.health.v1 and reflection. Metrics: Prometheus text format on --metrics_listen.");
   // The drafter's forwards and the hidden-state streams it reads allocate the same sizes again
   // and again.
   KeepFreedMemoryForReuse();
   // Certificates and the token are read before the slow start-up work, so that a wrong path
   // fails at once.
-  const ServerFlagOptions server_flags = ServerOptionsFromFlags();
+  auto parsed_server_flags =
+      ServerOptionsFromFlags({"127.0.0.1:50061", "127.0.0.1:9465", /*max_queue=*/16});
+  if (!parsed_server_flags.ok()) return Fail(parsed_server_flags.status().ToString());
+  const ServerFlagOptions& server_flags = *parsed_server_flags;
   auto credentials = MakeServerCredentials(server_flags.security);
   if (!credentials.ok()) return Fail(credentials.status().ToString());
   auto extractors = ExtractorConnectionFromFlags({});
@@ -108,11 +98,11 @@ int main(int argc, char** argv) {
   auto ro = RunnerOptionsFromFlags();
   if (!ro.ok()) return Fail(ro.status().ToString());
   ro->limits.max_prompts = absl::GetFlag(FLAGS_max_prompts_per_job);
-  ro->limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  ro->limits.max_new_tokens = server_flags.max_new_tokens_limit;
   ro->limits.max_ddtree_budget = absl::GetFlag(FLAGS_max_ddtree_budget);
   ro->limits.max_ddtree_budgets = absl::GetFlag(FLAGS_max_ddtree_budgets);
   ro->limits.data_root = absl::GetFlag(FLAGS_data_root);
-  ro->limits.max_text_bytes = absl::GetFlag(FLAGS_max_text_bytes);
+  ro->limits.max_text_bytes = server_flags.max_text_bytes;
   auto log_mu = std::make_shared<std::mutex>();
   ro->log = [log_mu](const std::string& line) {
     std::lock_guard<std::mutex> lock(*log_mu);
@@ -130,11 +120,11 @@ int main(int argc, char** argv) {
   // Health says NOT_SERVING while the job queue is full (the server is known once started;
   // declared before the worker, which outlives nothing it calls).
   std::atomic<RunningServer*> running{nullptr};
-  ScoreWorker worker(&runner, absl::GetFlag(FLAGS_max_queue), &metrics);
+  ScoreWorker worker(&runner, server_flags.max_queue, &metrics);
   worker.set_capacity_observer([&running](bool has_room) {
     if (RunningServer* s = running.load()) s->SetServing(has_room);
   });
-  ScorerService service(&worker, &metrics, ro->limits, absl::GetFlag(FLAGS_stream_idle_seconds));
+  ScorerService service(&worker, &metrics, ro->limits, server_flags.stream_idle_seconds);
   auto eval_config = ContinuousEvalConfigFromFlags(*ro);
   if (!eval_config.ok()) return Fail(eval_config.status().ToString());
   std::unique_ptr<ContinuousEval> eval;
@@ -147,8 +137,8 @@ int main(int argc, char** argv) {
   }
 
   ServerStartOptions start;
-  start.listen = absl::GetFlag(FLAGS_listen);
-  start.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  start.listen = server_flags.listen;
+  start.metrics_listen = server_flags.metrics_listen;
   start.credentials = *credentials;
   start.services = {&service};
   start.service_names = {"specwire.v1.Scorer"};

@@ -48,6 +48,32 @@ def replay_binary() -> Path:
     return exe
 
 
+def eagle_draft(drafter: Path, cases: dict, ends: list[int], block_len: int, out: Path,
+                *extra: str):
+    """specwire-replay draft on an EAGLE-style case file (case.0.features and case.0.tokens, the
+    reference's token after each row): the block of `block_len` after each context end in
+    `ends`, as {end: [block_len - 1, Vd]}, or the failed process."""
+    from safetensors.torch import load_file, save_file
+
+    meta = {"cases": json.dumps([{"steps": [{"context_end": e, "len": block_len}
+                                            for e in ends]}])}
+    inp = out.with_suffix(".in.safetensors")
+    # The reference's tokens[j] is the token after row j; specwire's are the trajectory itself
+    # (row j's next token is trajectory[j + 1]), one longer than the rows.
+    nxt = cases["case.0.tokens"]
+    traj = torch.cat([torch.zeros(1, dtype=nxt.dtype), nxt]).contiguous()
+    save_file({"case.0.features": cases["case.0.features"], "case.0.tokens": traj}, str(inp),
+              metadata=meta)
+    res = out.with_suffix(".out.safetensors")
+    r = subprocess.run([str(replay_binary()), "draft", f"--drafter={drafter}",
+                        f"--cases={inp}", f"--out={res}", "--threads=1", *extra],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return r
+    got = load_file(str(res))
+    return {e: got[f"case.0.step.{j}.draft_logits"] for j, e in enumerate(ends)}
+
+
 def run_replay(args: list[str]) -> dict:
     cmd = [str(replay_binary())] + args
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -108,23 +108,7 @@ def run_reference(*args: str) -> subprocess.CompletedProcess:
 
 
 def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
-    """specwire's block after each context end in `ends`: {end: [DRAFTS, Vd]}, or the failed
-    process."""
-    meta = {"cases": json.dumps([{"steps": [{"context_end": e, "len": DRAFTS + 1}
-                                            for e in ends]}])}
-    inp = out.with_suffix(".in.safetensors")
-    nxt = cases["case.0.tokens"]  # row j's next token; specwire takes the trajectory itself
-    traj = torch.cat([torch.zeros(1, dtype=nxt.dtype), nxt]).contiguous()
-    save_file({"case.0.features": cases["case.0.features"], "case.0.tokens": traj}, str(inp),
-              metadata=meta)
-    res = out.with_suffix(".out.safetensors")
-    r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
-                        f"--cases={inp}", f"--out={res}", "--threads=1", *extra],
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        return r
-    got = load_file(str(res))
-    return {e: got[f"case.0.step.{j}.draft_logits"] for j, e in enumerate(ends)}
+    return F.eagle_draft(drafter, cases, ends, DRAFTS + 1, out, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import dataclasses
 import ipaddress
 import socket
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import grpc
@@ -25,25 +25,20 @@ from ._assembly import WIRE_DTYPES, StateAssembler, tensor_from_le_bytes
 from ._stubs import pb, pb_grpc
 from .contract import Contract, ContractExpectation
 from .crc32c import crc32c
+from ._request import (SequenceLike, as_list, layer_selection, sequence_input, state_names,
+                       wire_dtype)
 from .errors import CorruptStream, ExtractorError, IncompleteStream
 from .security import ChannelSecurity, PemLike, make_channel
+from .session import LiveSession
 
 try:
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - the digest check is skipped without it
     _xxhash = None
 
-# A sequence: token ids, or text the server tokenizes with the model's tokenizer.
-SequenceLike = Union[str, Sequence[int], torch.Tensor]
 Target = Union[str, Sequence[str]]
 # One expectation, or several (all checked).
 Expectations = Union[ContractExpectation, Sequence[ContractExpectation], None]
-
-_DTYPES = {
-    "bf16": pb.WIRE_DTYPE_BF16, "bfloat16": pb.WIRE_DTYPE_BF16, torch.bfloat16: pb.WIRE_DTYPE_BF16,
-    "fp32": pb.WIRE_DTYPE_F32, "float32": pb.WIRE_DTYPE_F32, "f32": pb.WIRE_DTYPE_F32,
-    torch.float32: pb.WIRE_DTYPE_F32,
-}
 
 # Responses carry chunks of up to the server's --max_chunk_bytes (4 MiB by default) plus framing,
 # over gRPC's 4 MiB default receive limit.
@@ -57,14 +52,6 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 _UNSET: Any = object()
-
-
-def wire_dtype(dtype: Any) -> int:
-    """"bf16" / "fp32" (or torch.bfloat16 / torch.float32) -> the WireDType enum value."""
-    try:
-        return _DTYPES[dtype]
-    except (KeyError, TypeError):
-        raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}") from None
 
 
 class SequenceStates(dict):
@@ -102,16 +89,6 @@ class StreamResult:
     trailer: Any  # specwire.v1.StreamTrailer
 
 
-def state_names(layer_ids: Iterable[int], embedding: bool, final_norm: bool) -> list[str]:
-    names = ["embedding"] if embedding else []
-    for k in layer_ids:
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise TypeError(f"layer ids must be ints, got {k!r}")
-        if f"layer.{k}" not in names:
-            names.append(f"layer.{k}")
-    return names + (["final_norm"] if final_norm else [])
-
-
 def channel_target(target: Target) -> tuple[str, bool]:
     """(gRPC target string, whether to balance round-robin over several addresses).
 
@@ -147,26 +124,6 @@ def channel_target(target: Target) -> tuple[str, bool]:
         raise ValueError(f"target {addrs}: mixes IPv4 and IPv6 addresses, which one gRPC "
                          "target cannot hold")
     return ("ipv4:" + ",".join(v4)) if v4 else ("ipv6:" + ",".join(v6)), True
-
-
-def _as_list(sequences: Any, field: str) -> list:
-    """A list of sequences; a 2-D tensor (or array) counts as one sequence per row."""
-    if isinstance(sequences, str) or (hasattr(sequences, "ndim") and sequences.ndim != 2):
-        raise TypeError(f"{field}: expected a list of sequences or a 2-D tensor of token ids")
-    return list(sequences)
-
-
-def _sequence_input(seq: SequenceLike, index: int, field: str) -> Any:
-    if isinstance(seq, str):
-        return pb.SequenceInput(text=seq)
-    if hasattr(seq, "tolist"):  # a 1-D tensor or array
-        seq = seq.tolist()
-    try:
-        ids = [int(t) for t in seq]
-    except (TypeError, ValueError):
-        raise TypeError(f"{field}[{index}]: expected a str or a list of token ids, got "
-                        f"{type(seq).__name__}") from None
-    return pb.SequenceInput(tokens=pb.TokenIds(ids=ids))
 
 
 class ExtractorClient:
@@ -317,31 +274,20 @@ class ExtractorClient:
             raise CorruptStream("trailer disagrees with the stream: " + ", ".join(problems),
                                 method=method)
 
-    def extract_stream(self, sequences: Sequence[SequenceLike], layer_ids: Iterable[int] = (), *,
-                       embedding: bool = False, final_norm: bool = False, dtype: Any = "bf16",
-                       max_chunk_bytes: int | None = None,
-                       expect: Expectations = None, request_id: str | None = None,
-                       add_special_tokens: bool = False,
-                       timeout: float | None = _UNSET) -> StreamResult:
-        """extract(), returning the contract and trailer beside the states."""
-        method = "Extract"
-        sequences = _as_list(sequences, "sequences")
-        wire = wire_dtype(dtype)
-        names = state_names(layer_ids, embedding, final_norm)
-        inputs = [_sequence_input(s, i, "sequences") for i, s in enumerate(sequences)]
-        request_id = request_id or uuid.uuid4().hex
-        req = pb.ExtractRequest(
-            sequences=inputs,
-            layers=pb.LayerSelection(layer_ids=[int(n.split(".")[1]) for n in names
-                                                if n.startswith("layer.")],
-                                     embedding=embedding, final_norm=final_norm),
-            dtype=wire, max_chunk_bytes=max_chunk_bytes or 0, request_id=request_id,
-            add_special_tokens=add_special_tokens)
-        stream = self._stream(method, self.stub.Extract(req, timeout=self._timeout(timeout)))
+    def _states_stream(self, method: str, call: Any, expect: Expectations, inputs: list[Any],
+                       names: list[str], wire: int, max_chunk_bytes: int | None,
+                       request_id: str, per_sequence: str,
+                       on_sequence: Callable[[Any], tuple[int, int]]
+                       ) -> tuple[Contract, StateAssembler, list[Any], Any]:
+        """Reads a states stream (Extract's, Generate's): the contract first (checked against
+        `expect`), then chunks and one `per_sequence` message per input (on_sequence checks it
+        and gives (index, states length)), then the trailer, checked against what arrived.
+        Returns the contract, the assembled states, each input's message and the trailer."""
+        stream = self._stream(method, call)
         try:
             contract = self._read_contract(method, stream, expect)
             asm = StateAssembler(contract, len(inputs), names, wire, max_chunk_bytes, method)
-            token_ids: list[list[int] | None] = [None] * len(inputs)
+            messages: list[Any] = [None] * len(inputs)
             trailer = None
             received = 0
             for msg in stream:
@@ -351,15 +297,11 @@ class ExtractorClient:
                 received += 1
                 if kind == "chunk":
                     asm.add(msg.chunk)
-                elif kind == "sequence":
-                    i = msg.sequence.sequence_index
-                    ids = list(msg.sequence.token_ids)
-                    asm.set_length(i, len(ids))
-                    sent = inputs[i]
-                    if sent.HasField("tokens") and ids != list(sent.tokens.ids):
-                        raise CorruptStream(f"sequence {i}: the server ran other token ids than "
-                                            "were sent", method=method)
-                    token_ids[i] = ids
+                elif kind == per_sequence:
+                    part = getattr(msg, kind)
+                    i, length = on_sequence(part)
+                    asm.set_length(i, length)
+                    messages[i] = part
                 elif kind == "trailer":
                     trailer = msg.trailer
                 else:
@@ -370,7 +312,39 @@ class ExtractorClient:
             self._check_trailer(method, trailer, request_id, len(inputs), asm)
         finally:
             stream.close()
-        out = [SequenceStates(asm.tensors(i), token_ids[i] or []) for i in range(len(inputs))]
+        return contract, asm, messages, trailer
+
+    def extract_stream(self, sequences: Sequence[SequenceLike], layer_ids: Iterable[int] = (), *,
+                       embedding: bool = False, final_norm: bool = False, dtype: Any = "bf16",
+                       max_chunk_bytes: int | None = None,
+                       expect: Expectations = None, request_id: str | None = None,
+                       add_special_tokens: bool = False,
+                       timeout: float | None = _UNSET) -> StreamResult:
+        """extract(), returning the contract and trailer beside the states."""
+        method = "Extract"
+        sequences = as_list(sequences, "sequences")
+        wire = wire_dtype(dtype)
+        names = state_names(layer_ids, embedding, final_norm)
+        inputs = [sequence_input(s, i, "sequences") for i, s in enumerate(sequences)]
+        request_id = request_id or uuid.uuid4().hex
+        req = pb.ExtractRequest(
+            sequences=inputs, layers=layer_selection(names, embedding, final_norm),
+            dtype=wire, max_chunk_bytes=max_chunk_bytes or 0, request_id=request_id,
+            add_special_tokens=add_special_tokens)
+
+        def on_sequence(seq: Any) -> tuple[int, int]:
+            i = seq.sequence_index
+            sent = inputs[i]
+            if sent.HasField("tokens") and list(seq.token_ids) != list(sent.tokens.ids):
+                raise CorruptStream(f"sequence {i}: the server ran other token ids than were "
+                                    "sent", method=method)
+            return i, len(seq.token_ids)
+
+        contract, asm, seqs, trailer = self._states_stream(
+            method, self.stub.Extract(req, timeout=self._timeout(timeout)), expect, inputs,
+            names, wire, max_chunk_bytes, request_id, "sequence", on_sequence)
+        out = [SequenceStates(asm.tensors(i), list(seqs[i].token_ids) if seqs[i] else [])
+               for i in range(len(inputs))]
         return StreamResult(contract, out, trailer)
 
     def extract(self, sequences: Sequence[SequenceLike], layer_ids: Iterable[int] = (), *,
@@ -397,53 +371,29 @@ class ExtractorClient:
         """Greedy completions of each prompt and (when layers are asked for) the states of every
         position of prompt + completion."""
         method = "Generate"
-        prompts = _as_list(prompts, "prompts")
+        prompts = as_list(prompts, "prompts")
         wire = wire_dtype(dtype)
         names = state_names(layer_ids, embedding, final_norm)
-        inputs = [_sequence_input(s, i, "prompts") for i, s in enumerate(prompts)]
+        inputs = [sequence_input(s, i, "prompts") for i, s in enumerate(prompts)]
         request_id = request_id or uuid.uuid4().hex
         req = pb.GenerateRequest(
             prompts=inputs, max_new_tokens=max_new_tokens,
             stop_token_ids=[int(t) for t in stop_token_ids], ignore_model_eos=ignore_model_eos,
-            layers=pb.LayerSelection(layer_ids=[int(n.split(".")[1]) for n in names
-                                                if n.startswith("layer.")],
-                                     embedding=embedding, final_norm=final_norm),
+            layers=layer_selection(names, embedding, final_norm),
             dtype=wire, max_chunk_bytes=max_chunk_bytes or 0, request_id=request_id,
             add_special_tokens=add_special_tokens)
-        stream = self._stream(method, self.stub.Generate(req, timeout=self._timeout(timeout)))
-        try:
-            contract = self._read_contract(method, stream, expect)
-            asm = StateAssembler(contract, len(inputs), names, wire, max_chunk_bytes, method)
-            completions: list[Any] = [None] * len(inputs)
-            trailer = None
-            received = 0
-            for msg in stream:
-                kind = msg.WhichOneof("message")
-                if trailer is not None:
-                    raise CorruptStream(f"a {kind} message after the trailer", method=method)
-                received += 1
-                if kind == "chunk":
-                    asm.add(msg.chunk)
-                elif kind == "completion":
-                    c = msg.completion
-                    i = c.sequence_index
-                    asm.set_length(i, len(c.prompt_token_ids) + len(c.completion_token_ids))
-                    sent = inputs[i]
-                    if (sent.HasField("tokens")
-                            and list(c.prompt_token_ids) != list(sent.tokens.ids)):
-                        raise CorruptStream(f"completion {i}: prompt ids differ from those sent",
-                                            method=method)
-                    completions[i] = c
-                elif kind == "trailer":
-                    trailer = msg.trailer
-                else:
-                    raise CorruptStream(f"unexpected {kind} message", method=method)
-            if trailer is None:
-                raise IncompleteStream(None, "the call ended OK", method=method,
-                                       received=f"{received} messages")
-            self._check_trailer(method, trailer, request_id, len(inputs), asm)
-        finally:
-            stream.close()
+
+        def on_completion(c: Any) -> tuple[int, int]:
+            i = c.sequence_index
+            sent = inputs[i]
+            if sent.HasField("tokens") and list(c.prompt_token_ids) != list(sent.tokens.ids):
+                raise CorruptStream(f"completion {i}: prompt ids differ from those sent",
+                                    method=method)
+            return i, len(c.prompt_token_ids) + len(c.completion_token_ids)
+
+        _, asm, completions, _ = self._states_stream(
+            method, self.stub.Generate(req, timeout=self._timeout(timeout)), expect, inputs,
+            names, wire, max_chunk_bytes, request_id, "completion", on_completion)
         return [GenerateResult(i, list(c.prompt_token_ids), list(c.completion_token_ids),
                                c.finish_reason, asm.tensors(i))
                 for i, c in enumerate(completions)]
@@ -453,8 +403,6 @@ class ExtractorClient:
         is prefilled and the first token drawn. Keywords: embedding, final_norm, dtype,
         max_new_tokens, max_draft_tokens, temperature, top_p, top_k, seed, add_special_tokens,
         timeout (the whole session's deadline), request_id."""
-        from .session import LiveSession
-
         kwargs.setdefault("timeout", self.timeout)
         return LiveSession(self, prompt, layer_ids, **kwargs)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ._assembly import StateAssembler, state_name
+from ._request import sequence_input, state_names, wire_dtype
 from ._stubs import pb
 from .errors import CorruptStream, ExtractorError
 
@@ -57,15 +58,13 @@ class LiveSession:
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                  add_special_tokens: bool = False, timeout: float | None = None,
                  request_id: str = "") -> None:
-        from .client import _sequence_input, state_names, wire_dtype  # no import cycle
-
         self.contract = client.model_info()
         self._wire = wire_dtype(dtype)
         self._wanted = state_names(layer_ids, embedding, final_norm)
         self._requests: queue.Queue = queue.Queue()
         self._closed = False
         open_msg = pb.SessionOpen(
-            prompt=_sequence_input(prompt, 0, "prompt"), add_special_tokens=add_special_tokens,
+            prompt=sequence_input(prompt, 0, "prompt"), add_special_tokens=add_special_tokens,
             layers=pb.LayerSelection(layer_ids=list(layer_ids), embedding=embedding,
                                      final_norm=final_norm),
             dtype=self._wire, max_new_tokens=max_new_tokens, max_draft_tokens=max_draft_tokens,

@@ -1082,11 +1082,7 @@ absl::StatusOr<std::optional<std::string>> DetectDFlash2(const json& config, con
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDFlashFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  SW_ASSIGN_OR_RETURN(std::string config_json,
-                      ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<DFlashDrafter> d, DFlashDrafter::Load(dir, dtype, device));
-  return std::unique_ptr<Drafter>(
-      new DFlashFamilyDrafter(std::move(d), dir, std::move(config_json)));
+  return MakeFamilyDrafter<DFlashFamilyDrafter>(dir, DFlashDrafter::Load(dir, dtype, device));
 }
 
 }  // namespace

@@ -329,11 +329,7 @@ absl::StatusOr<std::optional<std::string>> DetectDSpark(const json& config, cons
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDSparkFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  SW_ASSIGN_OR_RETURN(std::string config_json,
-                      ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<DSparkDrafter> d, DSparkDrafter::Load(dir, dtype, device));
-  return std::unique_ptr<Drafter>(
-      new DSparkFamilyDrafter(std::move(d), dir, std::move(config_json)));
+  return MakeFamilyDrafter<DSparkFamilyDrafter>(dir, DSparkDrafter::Load(dir, dtype, device));
 }
 
 }  // namespace

@@ -191,4 +191,12 @@ std::unique_ptr<BlockDrafter> MakeTreeBlockDrafter(const Eagle3Drafter* drafter,
 // The family row (registry.h).
 const DrafterFamily& Eagle3Family();
 
+// Drafter::FitTargetLayers for the families built on Eagle3Drafter (EAGLE-3, P-EAGLE): resolves
+// its auxiliary layers for a target of `target_layers` layers and records them in `spec`.
+absl::Status FitEagle3TargetLayers(Eagle3Drafter& drafter, int64_t target_layers,
+                                   DrafterSpec& spec);
+// DrafterFamily::detect of those families: `detected` as the format's name.
+absl::StatusOr<std::optional<std::string>> Eagle3FormatOf(
+    absl::StatusOr<std::optional<Eagle3Format>> detected);
+
 }  // namespace specwire

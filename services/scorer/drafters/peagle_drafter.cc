@@ -82,12 +82,7 @@ class PEagleFamilyDrafter : public Drafter {
   at::ScalarType dtype() const override { return drafter_->dtype(); }
   const at::Device& device() const override { return drafter_->device(); }
   absl::Status FitTargetLayers(int64_t target_layers) override {
-    Eagle3Config& c = drafter_->mutable_config();
-    absl::Status fit = c.ResolveTargetLayers(target_layers);
-    if (!fit.ok()) return absl::FailedPreconditionError(fit.message());
-    spec_.target_layer_ids = c.target_layer_ids;
-    spec_.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size;
-    return absl::OkStatus();
+    return FitEagle3TargetLayers(*drafter_, target_layers, spec_);
   }
   absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor&) override {
     return drafter_->SetTargetEmbedding(embed_tokens);  // the head is its own (draft vocabulary)
@@ -103,19 +98,13 @@ class PEagleFamilyDrafter : public Drafter {
 
 absl::StatusOr<std::optional<std::string>> DetectPEagleFamily(const json& config,
                                                               const std::string& source) {
-  SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> f, DetectPEagle(config.dump(), source));
-  if (!f) return std::optional<std::string>();
-  return std::optional<std::string>(Eagle3FormatName(*f));
+  return Eagle3FormatOf(DetectPEagle(config.dump(), source));
 }
 
 absl::StatusOr<std::unique_ptr<Drafter>> LoadPEagleFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  SW_ASSIGN_OR_RETURN(std::string config_json,
-                      ReadFileToString((std::filesystem::path(dir) / "config.json").string()));
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Drafter> d, Eagle3Drafter::Load(dir, dtype, device));
-  return std::unique_ptr<Drafter>(
-      new PEagleFamilyDrafter(std::move(d), dir, std::move(config_json)));
+  return MakeFamilyDrafter<PEagleFamilyDrafter>(dir, Eagle3Drafter::Load(dir, dtype, device));
 }
 
 }  // namespace

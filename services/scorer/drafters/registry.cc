@@ -13,6 +13,10 @@
 
 namespace specwire {
 
+absl::StatusOr<std::string> ReadDrafterConfigText(const std::string& dir) {
+  return ReadFileToString((std::filesystem::path(dir) / "config.json").string());
+}
+
 const std::vector<DrafterFamily>& DrafterFamilies() {
   static const std::vector<DrafterFamily> families = {
       DSparkFamily(),

@@ -40,6 +40,7 @@
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "common/models/engine.h"
+#include "common/models/target_flags.h"
 #include "services/scorer/acceptance/acceptance.h"
 #include "services/scorer/acceptance/statistics.h"
 #include "services/scorer/drafters/registry.h"
@@ -87,12 +88,6 @@ ABSL_FLAG(std::string, dspark_cutoff, "0.3,0.5,0.7",
           "replay: for families that predict their own acceptance (DSpark's confidence head), "
           "the predicted-survival cutoffs of an adaptive verify length (comma-separated in "
           "[0, 1]; \"none\" for none): each prints its τ beside the calibration table.");
-ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 | bfloat16 | float16.");
-ABSL_FLAG(std::string, device_map, "cpu",
-          "Target placement (see specwire-extract); the drafter runs on the target's output "
-          "device.");
-ABSL_FLAG(std::string, kernels, "auto", specwire::kKernelsFlagHelp);
-ABSL_FLAG(int, threads, 0, "Intra-op CPU threads (0: torch's default).");
 ABSL_FLAG(std::string, cases, "",
           "draft / features: safetensors with case.{i}.* tensors and metadata \"cases\"; "
           "ddtree: JSON {\"budgets\": [...], \"cases\": [{\"log_probs\", \"truth\"}]}.");
@@ -180,14 +175,13 @@ absl::StatusOr<Models> LoadModels(bool need_target) {
   if (need_target && target.empty()) {
     return absl::InvalidArgumentError("--target_checkpoint is required");
   }
-  LoadOptions load;
-  SW_ASSIGN_OR_RETURN(load.dtype, ParseComputeDtype(absl::GetFlag(FLAGS_dtype)));
-  load.device_map = absl::GetFlag(FLAGS_device_map);
-  SW_ASSIGN_OR_RETURN(load.kernels, ParseKernelSet(absl::GetFlag(FLAGS_kernels), "--kernels"));
+  SW_ASSIGN_OR_RETURN(const TargetFlags flags, TargetFlagsFromFlags("float32"));
+  SW_ASSIGN_OR_RETURN(const LoadOptions load, TargetLoadOptions(flags));
   Models m;
   at::Device device = at::kCPU;
   if (!target.empty()) {
     SW_ASSIGN_OR_RETURN(m.engine, ExtractionEngine::Load(target, load));
+    SW_RETURN_IF_ERROR(m.engine->SetBatchLayout(flags.batch_layout, "--batch_layout"));
     device = m.engine->model().output_device();
   }
   SW_ASSIGN_OR_RETURN(m.drafter, LoadDrafter(dir, load.dtype, device));
@@ -835,11 +829,8 @@ absl::Status RunFeatures() {
 absl::Status Run(const std::vector<std::string>& args) {
   if (args.size() > 1) return absl::InvalidArgumentError("unexpected argument " + args[1]);
   const std::string command = args.empty() ? "replay" : args[0];
-  if (const int n = absl::GetFlag(FLAGS_threads); n < 0) {
-    return absl::InvalidArgumentError("--threads must not be negative");
-  } else if (n > 0) {
-    at::set_num_threads(n);
-  }
+  SW_ASSIGN_OR_RETURN(const TargetFlags target, TargetFlagsFromFlags("float32"));
+  if (target.threads > 0) at::set_num_threads(target.threads);
   if (command == "replay") return RunReplay();
   if (command == "draft") return RunDraft();
   if (command == "ddtree") return RunDDTree();
