@@ -70,7 +70,8 @@ struct SkipRule {
 constexpr SkipRule kSkipRules[] = {
     {"model.visual.", "vision tower: the text path does not use it", true},
     {"visual.", "vision tower: the text path does not use it", true},
-    {"mtp.", "multi-token-prediction head: not part of the CausalLM forward", false},
+    {"mtp.", "multi-token-prediction head: not part of the CausalLM forward (the scorer drafts "
+             "with it: the mtp drafter family)", false},
 };
 
 std::string ShapeString(const std::vector<int64_t>& s) {

@@ -49,10 +49,11 @@ def replay_binary() -> Path:
 
 
 def eagle_draft(drafter: Path, cases: dict, ends: list[int], block_len: int, out: Path,
-                *extra: str):
+                *extra: str, key: str = "draft_logits"):
     """specwire-replay draft on an EAGLE-style case file (case.0.features and case.0.tokens, the
     reference's token after each row): the block of `block_len` after each context end in
-    `ends`, as {end: [block_len - 1, Vd]}, or the failed process."""
+    `ends`, as {end: [block_len - 1, Vd]} (`key`: which output of the step), or the failed
+    process."""
     from safetensors.torch import load_file, save_file
 
     meta = {"cases": json.dumps([{"steps": [{"context_end": e, "len": block_len}
@@ -71,7 +72,7 @@ def eagle_draft(drafter: Path, cases: dict, ends: list[int], block_len: int, out
     if r.returncode != 0:
         return r
     got = load_file(str(res))
-    return {e: got[f"case.0.step.{j}.draft_logits"] for j, e in enumerate(ends)}
+    return {e: got[f"case.0.step.{j}.{key}"] for j, e in enumerate(ends)}
 
 
 def run_replay(args: list[str]) -> dict:

@@ -48,6 +48,9 @@ struct DrafterSpec {
   int64_t vocab_size = 0;  // the target vocabulary the drafter was built for (config.json)
   std::string dtype;       // compute dtype the drafter runs in ("float32", ...)
   std::string device;      // "cpu", "cuda:0"
+  // The checkpoint tensors that became the drafter, where they are a part of a larger checkpoint
+  // (an MTP head among its target's tensors); empty otherwise.
+  std::vector<std::string> tensors;
 };
 
 // The drafter against the target the extractor serves: num_target_layers, hidden size (fc

@@ -107,6 +107,16 @@ absl::StatusOr<std::optional<Eagle3Format>> DetectPEagle(const std::string& json
   return std::optional<Eagle3Format>();
 }
 
+absl::StatusOr<int32_t> SpeculativeTokensOf(const JsonReader& speculators_config) {
+  const JsonReader& sc = speculators_config;
+  if (!sc.Has("proposal_methods")) return 0;
+  SW_ASSIGN_OR_RETURN(JsonReader methods, sc.Array("proposal_methods"));
+  if (methods.size() == 0 || !methods.Element(0).is_object()) return 0;
+  SW_ASSIGN_OR_RETURN(int64_t n, methods.Element(0).Int("speculative_tokens", 0));
+  if (n < 0 || n > 64) return methods.Element(0).Error("speculative_tokens", "must be in [0, 64]");
+  return static_cast<int32_t>(n);
+}
+
 absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
                                                const std::string& source) {
   SW_ASSIGN_OR_RETURN(std::optional<Eagle3Format> parallel, DetectPEagle(json_text, source));
@@ -158,16 +168,7 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,
     c.target_hidden_size = c.layers.hidden_size;
     if (root.Has("speculators_config")) {
       SW_ASSIGN_OR_RETURN(JsonReader sc, root.Object("speculators_config"));
-      if (sc.Has("proposal_methods")) {
-        SW_ASSIGN_OR_RETURN(JsonReader methods, sc.Array("proposal_methods"));
-        if (methods.size() > 0 && methods.Element(0).is_object()) {
-          SW_ASSIGN_OR_RETURN(int64_t n, methods.Element(0).Int("speculative_tokens", 0));
-          if (n < 0 || n > 64) {
-            return methods.Element(0).Error("speculative_tokens", "must be in [0, 64]");
-          }
-          c.speculative_tokens = static_cast<int32_t>(n);
-        }
-      }
+      SW_ASSIGN_OR_RETURN(c.speculative_tokens, SpeculativeTokensOf(sc));
       if (sc.Has("verifier")) {
         SW_ASSIGN_OR_RETURN(JsonReader v, sc.Object("verifier"));
         SW_ASSIGN_OR_RETURN(std::optional<std::string> name, v.OptionalString("name_or_path"));

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/json_reader.h"
 #include "common/model_config.h"
 #include "services/scorer/drafters/block_drafter.h"
 #include "services/scorer/drafters/registry.h"
@@ -88,6 +89,10 @@ absl::StatusOr<std::optional<Eagle3Format>> DetectEagle3(const std::string& json
 // The same for P-EAGLE (parallel drafting; the EAGLE-3 family's config with mask_token_id).
 absl::StatusOr<std::optional<Eagle3Format>> DetectPEagle(const std::string& json_text,
                                                          const std::string& source);
+
+// speculators_config.proposal_methods[0].speculative_tokens (0 when not declared): a speculators
+// checkpoint's proposal length. INVALID_ARGUMENT outside [0, 64], naming the key.
+absl::StatusOr<int32_t> SpeculativeTokensOf(const JsonReader& speculators_config);
 
 // Either declaration (Eagle3Config::parallel says which).
 absl::StatusOr<Eagle3Config> ParseEagle3Config(const std::string& json_text,

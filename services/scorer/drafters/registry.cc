@@ -9,6 +9,7 @@
 #include "services/scorer/drafters/dflash_drafter.h"
 #include "services/scorer/drafters/dspark_drafter.h"
 #include "services/scorer/drafters/eagle3_drafter.h"
+#include "services/scorer/drafters/mtp_drafter.h"
 #include "services/scorer/drafters/peagle_drafter.h"
 
 namespace specwire {
@@ -23,6 +24,7 @@ const std::vector<DrafterFamily>& DrafterFamilies() {
       DFlash2Family(),
       PEagleFamily(),  // before EAGLE-3: a P-EAGLE checkpoint is read by its loader
       Eagle3Family(),
+      MtpFamily(),
       DFlashFamily(),  // last: the other DFlash-based families declare themselves first
   };
   return families;

@@ -51,7 +51,9 @@
 
 ABSL_FLAG(std::string, drafter, "",
           "The drafter: a checkpoint directory (config.json + safetensors) of any family "
-          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3, P-EAGLE).");
+          "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, EAGLE-3, "
+          "P-EAGLE, MTP). \"mtp\": the --target_checkpoint's own multi-token-prediction head "
+          "(its mtp.* tensors; the same as naming the target's directory).");
 ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
 ABSL_FLAG(std::string, tokens_file, "",
@@ -169,9 +171,16 @@ struct Models {
 };
 
 absl::StatusOr<Models> LoadModels(bool need_target) {
-  const std::string dir = absl::GetFlag(FLAGS_drafter);
+  std::string dir = absl::GetFlag(FLAGS_drafter);
   const std::string target = absl::GetFlag(FLAGS_target_checkpoint);
   if (dir.empty()) return absl::InvalidArgumentError("--drafter is required");
+  if (dir == "mtp") {
+    if (target.empty()) {
+      return absl::InvalidArgumentError(
+          "--drafter=mtp drafts with the target's own MTP head: give --target_checkpoint");
+    }
+    dir = target;
+  }
   if (need_target && target.empty()) {
     return absl::InvalidArgumentError("--target_checkpoint is required");
   }
@@ -555,6 +564,7 @@ absl::Status RunReplay() {
   out["block_size"] = block;
   out["target_layer_ids"] = dc.target_layer_ids;
   out["mask_token_id"] = dc.mask_token_id;
+  if (!dc.tensors.empty()) out["drafter_tensors"] = dc.tensors;
   json responses = json::array();
   int64_t chain_blocks = 0, all_blocks = 0;
   for (size_t i = 0; i < results.size(); ++i) {

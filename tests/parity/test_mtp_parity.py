@@ -1,0 +1,338 @@
+"""Parity of the MTP drafter (services/scorer/drafters/mtp_drafter) with speculators 0.9.0's MTP
+head (`MTPDraftModel`, its converter for a checkpoint's own mtp.* tensors), installed --no-deps in
+.venv/trainer-oracles; the chain a serving engine runs is written in mtp_reference.py from the
+head's definition on the package's own forward (transformers has no MTP forward: it drops mtp.*).
+
+1. Forward: tiny random targets (Qwen3.5 hybrids as Qwen3_5ForCausalLM and as a VLM package,
+   Qwen3) with random heads of their layer type, stored as the target's own mtp.* tensors or by
+   speculators' save_pretrained, over every switch the layer has (schedules, kv heads, partial
+   rotary, theta, tied heads); the teacher-forced chain of K drafts after every context end must
+   match the reference within 1e-5 relative (fp32), or be no further from float64 than the
+   reference is; every first draft must match the package's own multi-step forward.
+2. Bad checkpoints and configs: each refused naming the file, key or tensor.
+3. Replay: a head trained with the package's own loss on a Qwen3.5 target's greedy trajectories,
+   written into the target as its mtp.* tensors; `specwire-replay replay --drafter mtp` gives the
+   step lengths of a replay on the reference chain, step for step, and says which tensors became
+   the drafter.
+
+About 60 s on two cores (the reference runs in a subprocess)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import dflash_fixtures as F
+
+REPO = Path(__file__).resolve().parents[2]
+ORACLES = REPO / ".venv" / "trainer-oracles"
+TOL = 1e-5
+LENGTH = 10
+DRAFTS = 4  # per chain
+
+
+def q35(**kw) -> dict:
+    return kw
+
+
+VARIANTS = {
+    "q35-text-target": {"arch": "qwen3_5", "format": "target",
+                        "config": q35(num_hidden_layers=4, full_attention_interval=2)},
+    "q35-vlm-target-tied": {"arch": "qwen3_5", "format": "target", "vlm": True,
+                            "config": q35(num_hidden_layers=4, full_attention_interval=4,
+                                          tie_word_embeddings=True)},
+    "q35-speculators-custom": {
+        "arch": "qwen3_5", "format": "speculators",
+        "config": q35(num_hidden_layers=5, layer_types=["full_attention", "linear_attention",
+                                                        "full_attention", "linear_attention",
+                                                        "linear_attention"],
+                      num_key_value_heads=1,
+                      rope_parameters=dict(rope_type="default", rope_theta=1e6,
+                                           partial_rotary_factor=0.5))},
+    "qwen3-speculators": {"arch": "qwen3", "format": "speculators",
+                          "config": {"num_hidden_layers": 3, "theta": 500.0}},
+    "qwen3-target": {"arch": "qwen3", "format": "target",
+                     "config": {"num_hidden_layers": 2, "num_key_value_heads": 4}},
+}
+
+
+def random_variants(seed: int, n: int) -> dict:
+    rng = random.Random(seed)
+    out = {}
+    for i in range(n):
+        arch = rng.choice(["qwen3_5", "qwen3_5", "qwen3"])
+        v = {"arch": arch, "format": rng.choice(["target", "speculators"])}
+        if arch == "qwen3_5":
+            layers = rng.randint(2, 6)
+            types = [rng.choice(["linear_attention", "full_attention"]) for _ in range(layers)]
+            types[rng.randrange(layers)] = "full_attention"
+            v["config"] = q35(num_hidden_layers=layers, layer_types=types,
+                              num_key_value_heads=rng.choice([1, 2, 4]),
+                              tie_word_embeddings=rng.random() < 0.5,
+                              rope_parameters=dict(rope_type="default",
+                                                   rope_theta=rng.choice([1e4, 1e6, 321.0]),
+                                                   partial_rotary_factor=rng.choice(
+                                                       [0.25, 0.5, 1.0])))
+            v["vlm"] = v["format"] == "target" and rng.random() < 0.4
+        else:
+            v["config"] = {"num_hidden_layers": rng.randint(1, 4),
+                           "num_key_value_heads": rng.choice([1, 2, 4]),
+                           "theta": rng.choice([1e4, 1e6, 321.0]),
+                           "hidden_size": rng.choice([32, 48, 64]),
+                           "vocab_size": rng.choice([97, 160, 256])}
+        out[f"random-{seed}-{i}"] = v
+    return out
+
+
+def run_reference(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / "mtp_reference.py"), *args],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+def paths(out: Path, name: str, v: dict) -> tuple[Path, Path]:
+    """(drafter, target) directories of a variant."""
+    target = out / f"{name}.target"
+    return (target if v["format"] == "target" else out / f"{name}.head"), target
+
+
+def draft(drafter: Path, target: Path, cases: dict, ends: list[int], out: Path, *extra: str):
+    return F.eagle_draft(drafter, cases, ends, DRAFTS + 1, out, f"--target_checkpoint={target}",
+                         *extra, key="logits")
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    if not (ORACLES / "speculators").is_dir():
+        pytest.fail("speculators is not in .venv/trainer-oracles (scripts/setup.sh installs "
+                    "requirements-trainers.txt there)", pytrace=False)
+    out = tmp_path_factory.mktemp("mtp")
+    seed = int(os.environ.get("SPECWIRE_MTP_SEED", time.strftime("%Y%m%d")))
+    print(f"mtp random variants: seed {seed} (SPECWIRE_MTP_SEED={seed} repeats them)")
+    variants = {**VARIANTS, **random_variants(seed, 4)}
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"out": str(out), "variants": variants, "length": LENGTH,
+                                "drafts": DRAFTS, "seed": seed}))
+    run_reference(str(spec))
+    return out, variants
+
+
+def test_chain_matches_the_reference(oracle):
+    out, variants = oracle
+    ends = list(range(1, LENGTH + 1))
+    failures = []
+    for name, v in variants.items():
+        cases = load_file(str(out / f"{name}.cases.safetensors"))
+        drafter, target = paths(out, name, v)
+        got = draft(drafter, target, cases, ends, out / name)
+        assert isinstance(got, dict), f"{name}: {got.stderr[-2000:]}"
+        step0 = cases["ref.step0"]
+        worst = 0.0
+        for e, logits in got.items():
+            assert logits.shape == (DRAFTS, step0.shape[-1]), (name, logits.shape)
+            if e - 1 < step0.shape[0]:  # the package's own forward: the first draft
+                ref = step0[e - 1]
+                err = ((logits[0] - ref).norm() / ref.norm()).item()
+                if err > TOL:
+                    failures.append(f"{name} end {e}: first draft {err:.3e} from speculators' "
+                                    f"forward")
+            for k in range(DRAFTS):
+                ref = cases[f"ref.end.{e}"][k]
+                err = ((logits[k] - ref).norm() / ref.norm()).item()
+                if err > TOL:
+                    exact = cases[f"ref64.end.{e}"][k]
+                    ours = ((logits[k].double() - exact).norm() / exact.norm()).item()
+                    theirs = ((ref.double() - exact).norm() / exact.norm()).item()
+                    if ours <= 1.5 * theirs + 1e-6:
+                        err = 0.0
+                    else:
+                        failures.append(f"{name} end {e} draft {k}: {err:.3e} from the "
+                                        f"reference; from float64 ours {ours:.3e}, the "
+                                        f"reference's {theirs:.3e}")
+                worst = max(worst, err)
+        print(f"{name}: worst relative error {worst:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_chain_feeds_its_own_output_and_the_drafts(oracle):
+    """A check that the comparison has power: the chain's later drafts change with the token fed
+    to them (the first does not), and with mtp.norm (the state fed back)."""
+    out, variants = oracle
+    name = "q35-text-target"
+    drafter, target = paths(out, name, variants[name])
+    cases = load_file(str(out / f"{name}.cases.safetensors"))
+    other = dict(cases)
+    tok = cases["case.0.tokens"].clone()
+    tok[LENGTH:] = (tok[LENGTH:] + 1) % cases["ref.step0"].shape[-1]
+    other["case.0.tokens"] = tok
+    got = draft(drafter, target, other, [LENGTH], out / "other-tokens")
+    ref = cases[f"ref.end.{LENGTH}"]
+    assert ((got[LENGTH][0] - ref[0]).norm() / ref[0].norm()).item() < TOL
+    assert ((got[LENGTH][2:] - ref[2:]).norm() / ref[2:].norm()).item() > 1e-3
+
+
+# --- bad checkpoints -------------------------------------------------------------------------
+
+def broken(oracle, name: str, tag: str, config=None, tensors=None) -> tuple[Path, Path]:
+    out, variants = oracle
+    drafter, target = paths(out, name, variants[name])
+    dst = out / f"broken-{tag}"
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(drafter, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        t = load_file(str(dst / "model.safetensors"))
+        tensors(t)
+        save_file(t, str(dst / "model.safetensors"))
+    return dst, (dst if variants[name]["format"] == "target" else target)
+
+
+BAD = {
+    "missing-fc": ("q35-text-target", None, lambda t: t.pop("mtp.fc.weight"),
+                   ["mtp.fc.weight", "missing", "MTP"]),
+    "fc-shape": ("q35-text-target", None,
+                 lambda t: t.update({"mtp.fc.weight": torch.zeros(64, 64)}),
+                 ["mtp.fc.weight", "[64, 128]"]),
+    "two-mtp-layers": ("q35-text-target", lambda c: c.update(mtp_num_hidden_layers=2), None,
+                       ["config.json", "mtp_num_hidden_layers", "2"]),
+    "speculators-extra": ("qwen3-speculators", None,
+                          lambda t: t.update({"mtp_layers.0.extra.weight": torch.zeros(2)}),
+                          ["mtp_layers.0.extra.weight", "MTP"]),
+    "speculators-two-heads": ("qwen3-speculators",
+                              lambda c: c.update(num_nextn_predict_layers=2), None,
+                              ["config.json", "num_nextn_predict_layers"]),
+    "target-extra-mtp": ("q35-text-target", None,
+                         lambda t: t.update({"mtp.layers.1.mlp.up_proj.weight": torch.zeros(2)}),
+                         ["mtp.layers.1.mlp.up_proj.weight", "unexpected"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_checkpoints_are_refused_by_name(oracle, case):
+    out, _ = oracle
+    name, config, tensors, words = BAD[case]
+    d, target = broken(oracle, name, case, config, tensors)
+    cases = load_file(str(out / f"{name}.cases.safetensors"))
+    r = draft(d, target, cases, [3], out / f"{case}-run")
+    assert not isinstance(r, dict), f"{case} was accepted"
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    for w in words:
+        assert w in r.stderr, (case, w, r.stderr[-2000:])
+
+
+def test_a_head_for_another_target_depth_is_refused(oracle):
+    out, variants = oracle
+    drafter, _ = paths(out, "qwen3-speculators", variants["qwen3-speculators"])
+    _, other_target = paths(out, "qwen3-target", variants["qwen3-target"])
+    cases = load_file(str(out / "qwen3-speculators.cases.safetensors"))
+    r = draft(drafter, other_target, cases, [3], out / "depth-run")
+    assert not isinstance(r, dict)
+    assert "num_hidden_layers" in r.stderr and "3 layers" in r.stderr, r.stderr[-2000:]
+
+
+def test_mtp_without_a_target_is_refused(oracle, tmp_path):
+    r = subprocess.run([str(F.replay_binary()), "draft", "--drafter=mtp",
+                        f"--cases={tmp_path / 'x'}", f"--out={tmp_path / 'y'}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--target_checkpoint" in r.stderr, r.stderr
+
+
+# --- 3. replay against a replay written on the reference chain ----------------------------------
+
+PROMPT_LEN = 6
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp-replay")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import hybrid_fixtures as HF
+    target_dir = HF.save_text(HF.random_causal_lm("interval4", 5), root / "target")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(512) for _ in range(PROMPT_LEN)] for _ in range(5)]
+    block = 4
+    spec = root / "replay.json"
+    spec.write_text(json.dumps({"target": str(target_dir), "prompt_len": PROMPT_LEN,
+                                "max_new_tokens": NEW_TOKENS, "prompts": prompts,
+                                "block": block, "train_steps": 12}))
+    ref = json.loads(run_reference("replay", str(spec)).stdout.strip().splitlines()[-1])
+    ours = F.run_replay(["replay", "--drafter", "mtp", "--target_checkpoint", str(target_dir),
+                         "--tokens_file", str(F.write_json(root / "prompts.json", prompts)),
+                         "--max_new_tokens", str(NEW_TOKENS), "--block", str(block),
+                         "--ignore_model_eos", "--threads=1"])
+    return {"ref": ref, "ours": ours, "target": str(target_dir), "prompts": prompts}
+
+
+def test_replay_equals_the_reference_replay(replayed):
+    ours, ref = replayed["ours"], replayed["ref"]
+    assert [r["completion"] for r in ours["responses"]] == \
+        [t[PROMPT_LEN:] for t in ref["trajectories"]]
+    got = [r["step_lengths"] for r in ours["responses"]]
+    assert got == ref["step_lengths"], (got, ref["step_lengths"])
+    flat = [a for steps in got for a in steps]
+    assert max(flat) >= 3 and min(flat) == 1, flat
+    assert ours["method"] == "mtp" and ours["format"] == "target"
+    assert ours["target_layer_ids"] == [7]  # the final-normed last state (HF hidden_states[8])
+    tensors = ours["drafter_tensors"]
+    assert "mtp.fc.weight" in tensors and "mtp.layers.0.self_attn.q_proj.weight" in tensors
+    assert all(t.startswith("mtp.") for t in tensors) and len(tensors) == 15, tensors
+    tau = ours["summary"]["tau_mean_of_means"]
+    print(f"MTP replay: tau {tau:.3f} over {len(flat)} steps")
+
+
+def test_the_services_score_the_head_as_the_replay_does(replayed, tmp_path):
+    """The target's directory as the drafter of a scorer job: the scorer reads the head, the
+    extractor serves the target's final-normed states and its embedding and lm_head; the job's
+    step lengths are the replay's, and the teacher-forced T > 0 rows come from the chain's q."""
+    sys.path.insert(0, str(REPO / "tests" / "deploy"))
+    import deploy_harness as D
+    target = Path(replayed["target"])
+    prompts = replayed["prompts"]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
+    ex = D.extractor(target, tmp_path, D.free_port()).start()
+    sc = None
+    try:
+        sc = D.scorer(ex.address, tmp_path, D.free_port(), tmp_path / "cache").start()
+        report = tmp_path / "report.json"
+        r = subprocess.run([str(D.binary("services/scorer/specwire-score")),
+                            f"--scorer={sc.address}", f"--drafter={target}",
+                            f"--dataset={dataset}", f"--max_new_tokens={NEW_TOKENS}",
+                            f"--json_out={report}", "--temperature=0.7", "--quiet",
+                            "--scorer_timeout=120"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    finally:
+        if sc is not None:
+            sc.stop()
+        ex.stop()
+    rep = json.loads(report.read_text())
+    assert rep["labels"]["method"] == "mtp"
+    ours = replayed["ours"]["responses"]
+    compared = 0
+    for p, replay in zip(rep["prompts"], ours):
+        if p["completion_tokens"] == replay["completion_tokens"]:  # no stop token cut it short
+            assert p["step_lengths"] == replay["step_lengths"], p["prompt_index"]
+            compared += 1
+    assert compared >= 3, compared
+    rules = {t["rule"]: t for t in rep["summary"]["temperature"]}
+    assert set(rules) == {"argmax_draft", "draft_distribution"}, rules
+    for t in rules.values():
+        assert t["teacher_forced"] and t["temperature"] == 0.7
+        assert len(t["alpha"]) == 3 and all(0.0 <= a <= 1.0 for a in t["alpha"])
+        assert t["tau_prob"] >= 1.0
