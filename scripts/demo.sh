@@ -39,7 +39,7 @@ else
 fi
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
-for m in tiny-qwen3 tiny-qwen3-dflash tiny-qwen3-dflash2 tiny-qwen3-eagle3 tiny-qwen3_5 \
+for m in tiny-qwen3 tiny-qwen3-dflash tiny-qwen3-dflash2 tiny-qwen3-eagle3 tiny-qwen3-mtp tiny-qwen3_5 \
     heldout_prompts.jsonl; do
   [ -e "$MODELS/$m" ] || die "$MODELS/$m is missing (the trained demo models)"
 done
@@ -135,8 +135,8 @@ echo
 echo "reports: $OUT/report.json"
 echo "         $OUT/report.html"
 
-say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path) and EAGLE-3 (a chain; EAGLE's top-k tree)"
-for family in dflash2 eagle3; do
+say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path), EAGLE-3 (a chain; EAGLE's top-k tree) and an MTP head (a chain)"
+for family in dflash2 eagle3 mtp; do
   "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-$family" \
     --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
     --max_new_tokens="$MAX_NEW_TOKENS" --drafter_label="tiny-qwen3-$family" \
@@ -144,15 +144,16 @@ for family in dflash2 eagle3; do
     --html_out="$OUT/report-$family.html" --scorer_timeout=600 --quiet \
     > "$LOGS/score-$family.log" 2> "$LOGS/score-$family-progress.log"
 done
-"$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-eagle3.json" "$MODELS" <<'EOF'
+"$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-eagle3.json" \
+  "$OUT/report-mtp.json" "$MODELS" <<'EOF'
 import json, sys
 from pathlib import Path
 print(f"{'drafter':<20} {'method':<7} {'format':<12} {'drafts/step':>11} {'tau':>6} "
       f"{'95% interval':>16} {'pooled':>7} {'steps':>6}  {'tree (8 nodes)':<20}")
-for path in sys.argv[1:4]:
+for path in sys.argv[1:-1]:
     r = json.load(open(path))
     s, labels = r["summary"], r["labels"]
-    cfg = json.load(open(Path(sys.argv[4]) / labels["drafter"] / "config.json"))
+    cfg = json.load(open(Path(sys.argv[-1]) / labels["drafter"] / "config.json"))
     fmt = "speculators" if cfg.get("speculators_model_type") else "z-lab"
     ci = s.get("tau_mean_of_means_ci") or [float("nan")] * 2
     # The tree each family verifies with: DDTree-8, EAGLE's top-k tree of 8 nodes, or none.
@@ -164,7 +165,7 @@ for path in sys.argv[1:4]:
           f"{s['tau_mean_of_means']:>6.3f} {f'[{ci[0]:.3f}, {ci[1]:.3f}]':>16} "
           f"{s['tau_pooled']:>7.3f} {s['steps']:>6}  {cell:<20}")
 EOF
-echo "reports: $OUT/report-dflash2.json $OUT/report-eagle3.json"
+echo "reports: $OUT/report-dflash2.json $OUT/report-eagle3.json $OUT/report-mtp.json"
 
 say "metrics (Prometheus text format)"
 echo "extractor: http://127.0.0.1:$EXTRACTOR_METRICS/metrics"

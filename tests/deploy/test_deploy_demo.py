@@ -110,13 +110,14 @@ def test_every_server_stopped(demo):
 
 
 def test_drafter_families_side_by_side(demo):
-    """The committed DFlash2 (z-lab format) and EAGLE-3 (speculators format) drafters scored
+    """The committed DFlash2 (z-lab format), EAGLE-3 and MTP (speculators format) drafters scored
     beside the DFlash one: their reports carry their method labels, and the comparison table
-    matches the three reports."""
+    matches the four reports."""
     text, out = demo["stdout"], demo["out"]
     reports = {"tiny-qwen3-dflash": demo["report"],
                "tiny-qwen3-dflash2": json.loads((out / "report-dflash2.json").read_text()),
-               "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text())}
+               "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text()),
+               "tiny-qwen3-mtp": json.loads((out / "report-mtp.json").read_text())}
     d2 = reports["tiny-qwen3-dflash2"]
     assert d2["labels"]["method"] == "dflash2" and d2["summary"]["block_size"] == 16
     assert not d2["summary"]["ddtree_tau"]
@@ -128,6 +129,9 @@ def test_drafter_families_side_by_side(demo):
     assert e3["summary"]["tree"] == {"method": "eagle", "depth": 5, "top_k": 8}
     assert list(e3["summary"]["ddtree_tau"]) == ["8"]
     assert d2["summary"]["tree"]["method"] == ""
+    mtp = reports["tiny-qwen3-mtp"]
+    assert mtp["labels"]["method"] == "mtp" and mtp["summary"]["block_size"] == 4
+    assert not mtp["summary"]["ddtree_tau"] and mtp["summary"]["tree"]["method"] == ""
     for name, r in reports.items():
         s = r["summary"]
         m = re.search(rf"^{name}\s+(\w+)\s+([\w-]+)\s+(\d+)\s+([\d.]+)\s+\[([\d.]+), ([\d.]+)\]"
@@ -148,3 +152,4 @@ def test_drafter_families_side_by_side(demo):
     if "SPECWIRE_DEMO_MODELS" not in os.environ:
         assert e3["summary"]["tau_mean_of_means"] >= 2.0, e3["summary"]
         assert d2["summary"]["tau_mean_of_means"] >= 2.0, d2["summary"]
+        assert mtp["summary"]["tau_mean_of_means"] >= 2.0, mtp["summary"]

@@ -105,9 +105,10 @@ def test_sampled_live_loop_is_seeded(dense, tmp_path):
         print(f"T 0.7 {rule}: tau {r['summary']['tau_mean_of_means']:.3f}")
 
 
-@pytest.mark.parametrize("drafter", ["tiny-qwen3-eagle3", "tiny-qwen3-dflash2"])
+@pytest.mark.parametrize("drafter", ["tiny-qwen3-eagle3", "tiny-qwen3-dflash2", "tiny-qwen3-mtp"])
 def test_other_families_live(dense, drafter, tmp_path):
-    """EAGLE-3 (its chain) and DFlash2 (its selector's path) through the live loop: greedy equals
+    """EAGLE-3 (its chain), DFlash2 (its selector's path) and the MTP head (its chain) through the
+    live loop: greedy equals
     their replay on every checked prompt; at T > 0 both rules run and are labelled."""
     name, server = dense
     greedy = score(server, name, tmp_path / "g.json", "--max_prompts=6", "--live=0",
