@@ -83,6 +83,30 @@ def run_replay(args: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def block_family_oracle(root: Path, family: str, reference: str, variants: dict,
+                        random_variants, context: int) -> dict:
+    """The reference side of a DFlash-based family's parity test, run once: a tiny target in
+    `root`, the fixed `variants` plus six seeded random ones (SPECWIRE_<FAMILY>_SEED repeats a
+    day's), and tests/parity/`reference` on them in a subprocess with .venv/trainer-oracles on
+    the path (their pins clash with the project's). {"root", "target", "variants"}."""
+    import sys
+
+    target = make_target(root)
+    key = f"SPECWIRE_{family.upper()}_SEED"
+    seed = int(os.environ.get(key, time.strftime("%Y%m%d")))
+    print(f"{family} random variants: seed {seed} ({key}={seed} repeats them)")
+    variants = {**variants, **random_variants(seed, 6)}
+    spec = root / "spec.json"
+    spec.write_text(json.dumps({"target": str(target), "out": str(root / "out"),
+                                "context": context, "seed": seed, "variants": variants}))
+    env = dict(os.environ, PYTHONPATH=str(REPO / ".venv" / "trainer-oracles"),
+               TORCHDYNAMO_DISABLE="1")
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / reference), str(spec)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return {"root": root, "target": target, "variants": variants}
+
+
 def make_target(out_dir: Path, seed: int = 0, overrides: dict | None = None) -> Path:
     cfg = dict(TARGET)
     cfg.update(overrides or {})

@@ -85,24 +85,33 @@ def speculators_model(v: dict, tc, target: dict, g: torch.Generator):
     return m, chosen
 
 
-def specforge_model(v: dict, tc, target: dict, g: torch.Generator):
-    from specforge.modeling.draft.dspark import DSparkDraftModel
+def specforge_config(v: dict, tc, projector: str, architecture: str, **heads):
+    """SpecForge's draft config of a DFlash-based family (`projector`: its projector_type) for
+    the target config `tc`, with the family's head keys in dflash_config."""
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
     V, H = tc.vocab_size, tc.hidden_size
     dflash_config = {"target_layer_ids": [k - 1 for k in v["aux_ids"]], "mask_token_id": V - 1,
-                     "projector_type": "dspark", "attention_mode": "gqa",
-                     "markov_rank": v["markov_rank"], "markov_head_type": v["markov_head_type"],
-                     "enable_confidence_head": v["confidence"],
-                     "confidence_head_with_markov": v["confidence_with_markov"]}
+                     "projector_type": projector, "attention_mode": "gqa", **heads}
     cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=2 * H,
                       num_hidden_layers=v["layers"], num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                       max_position_embeddings=4096, tie_word_embeddings=False,
                       rope_parameters={"rope_type": "default", "rope_theta": v["theta"]},
                       num_target_layers=tc.num_hidden_layers, block_size=v["block"],
-                      dflash_config=dflash_config, architectures=["DSparkDraftModel"])
+                      dflash_config=dflash_config, architectures=[architecture])
     cfg._attn_implementation = "eager"
+    return cfg
+
+
+def specforge_model(v: dict, tc, target: dict, g: torch.Generator):
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+
+    V = tc.vocab_size
+    cfg = specforge_config(v, tc, "dspark", "DSparkDraftModel",
+                           markov_rank=v["markov_rank"], markov_head_type=v["markov_head_type"],
+                           enable_confidence_head=v["confidence"],
+                           confidence_head_with_markov=v["confidence_with_markov"])
     m = DSparkDraftModel(cfg).eval()
     randomize(m, g)
     return m, torch.arange(V)

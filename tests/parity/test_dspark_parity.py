@@ -17,7 +17,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -77,19 +76,8 @@ def oracle(tmp_path_factory):
     if not (ORACLES / "speculators").is_dir() or not (ORACLES / "specforge").is_dir():
         pytest.fail("speculators / specforge are not in .venv/trainer-oracles (scripts/setup.sh)",
                     pytrace=False)
-    root = tmp_path_factory.mktemp("dspark")
-    target = F.make_target(root)
-    seed = int(os.environ.get("SPECWIRE_DSPARK_SEED", time.strftime("%Y%m%d")))
-    print(f"DSpark random variants: seed {seed} (SPECWIRE_DSPARK_SEED={seed} repeats them)")
-    variants = {**VARIANTS, **random_variants(seed, 6)}
-    spec = root / "spec.json"
-    spec.write_text(json.dumps({"target": str(target), "out": str(root / "out"),
-                                "context": CONTEXT, "seed": seed, "variants": variants}))
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "dspark_reference.py"),
-                        str(spec)], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return {"root": root, "target": target, "variants": variants}
+    return F.block_family_oracle(tmp_path_factory.mktemp("dspark"), "dspark",
+                                 "dspark_reference.py", VARIANTS, random_variants, CONTEXT)
 
 
 def draft(oracle: dict, name: str, drafter: Path):

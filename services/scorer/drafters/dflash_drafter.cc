@@ -279,12 +279,14 @@ absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
     for (const json& a : doc["architectures"]) {
       d.dflash2 |= a.is_string() && a == "DFlash2DraftModel";
       d.dspark |= a.is_string() && a == "DSparkDraftModel";
+      d.domino |= a.is_string() && a == "DominoDraftModel";
     }
   }
   // SpecForge's DSpark: DFlash's config with dflash_config.projector_type "dspark".
   if (dflash.Has("projector_type")) {
     SW_ASSIGN_OR_RETURN(const std::string projector, dflash.String("projector_type"));
     d.dspark |= projector == "dspark";
+    d.domino |= projector == "domino";
   }
   // SpecForge trains DSpark the DeepSpec way (OnlineDSparkModel: row k of the block predicts
   // the token k + 1 after the anchor, its previous token the one at k), so every slot drafts.
@@ -554,6 +556,10 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
       if (m.config.dspark &&
           (name.starts_with("markov_head.") || name.starts_with("confidence_head."))) {
         continue;  // DSpark's heads: dspark_drafter.cc checks them
+      }
+      if (m.config.domino && (name.starts_with("prefix_gru.") || name.starts_with("embed_proj.") ||
+                              name.starts_with("logit_head."))) {
+        continue;  // Domino's correction: domino_drafter.cc checks it
       }
       const bool dflash2 = !m.config.dflash2 &&
                            (name.find("attention_conv") != std::string::npos ||
@@ -992,6 +998,100 @@ std::unique_ptr<BlockDrafter> MakeBlockDrafter(const DFlashDrafter* drafter) {
   return std::make_unique<DFlashBlockDrafter>(drafter);
 }
 
+DrafterSpec BackboneSpec(const DFlashDrafter& drafter, const std::string& dir,
+                         std::string config_json) {
+  const DrafterConfig& c = drafter.config();
+  DrafterSpec s;
+  s.path = dir;
+  s.config_json = std::move(config_json);
+  s.format = c.format;
+  s.uses_mask_token = true;
+  s.last_layer_is_final_norm = c.last_layer_is_final_norm;
+  s.block_size = c.block_size;
+  s.num_layers = c.layers.num_layers;
+  s.hidden_size = c.layers.hidden_size;
+  s.target_hidden_size = c.target_hidden_size();
+  s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
+  s.num_target_layers = c.num_target_layers;
+  s.target_layer_ids = c.target_layer_ids;
+  s.mask_token_id = c.mask_token_id;
+  s.vocab_size = c.layers.vocab_size;
+  s.dtype = ScalarTypeName(drafter.dtype());
+  s.device = drafter.device().str();
+  return s;
+}
+
+namespace {
+
+// One response's drafting by a BackboneHeads family: the backbone's context cache.
+class HeadsSession : public DraftSession {
+ public:
+  HeadsSession(const BackboneHeads* heads, int64_t capacity)
+      : heads_(heads), cache_(heads->backbone().NewCache(capacity)) {}
+  void AppendContext(const at::Tensor& features, std::span<const int64_t>) override {
+    heads_->backbone().AppendContext(*cache_, features);
+  }
+  at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len,
+                         std::span<const int64_t> given) override {
+    const DFlashDrafter& b = heads_->backbone();
+    hidden_ = b.DraftHidden(*cache_, anchor, start, heads_->Slots(len));
+    block_ = heads_->Heads(hidden_, anchor, given);
+    return b.ToTargetVocabulary(block_.logits);
+  }
+  int64_t AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
+                         const std::vector<int64_t>& truth) override {
+    const DFlashDrafter& b = heads_->backbone();
+    hidden_ = b.DraftHidden(*cache_, anchor, start, heads_->Slots(len));
+    std::vector<int64_t> drafts;
+    block_ = heads_->Heads(hidden_, anchor, {}, &drafts);  // its own greedy drafts
+    int64_t a = 0;
+    while (a < len - 1 && drafts[a] == truth[a]) ++a;
+    return a;
+  }
+  at::Tensor PredictedAcceptance() const override { return block_.confidence; }
+  std::map<std::string, at::Tensor> Inspect() const override {
+    std::map<std::string, at::Tensor> out = {{"hidden", hidden_},
+                                             {"head_logits", block_.logits}};
+    if (block_.confidence.defined()) out["confidence"] = block_.confidence;
+    return out;
+  }
+  DraftCache* cache() { return cache_.get(); }
+
+ private:
+  const BackboneHeads* heads_;         // not owned
+  std::unique_ptr<DraftCache> cache_;  // this response's context K/V
+  at::Tensor hidden_;                  // the last block's slots (Inspect)
+  BackboneHeads::Block block_;         // the last block's heads
+};
+
+class HeadsBlockDrafter : public BlockDrafter {
+ public:
+  explicit HeadsBlockDrafter(const BackboneHeads* heads) : heads_(heads) {}
+  int32_t block_size() const override { return heads_->block_size(); }
+  bool conditions_on_drafts() const override { return heads_->conditions_on_drafts(); }
+  std::unique_ptr<DraftSession> NewSession(int64_t capacity) override {
+    return std::make_unique<HeadsSession>(heads_, capacity);
+  }
+  // One context projection for all sessions; blocks are drafted per session (the heads walk
+  // each block position by position).
+  void AppendContext(const std::vector<DraftSession*>& sessions,
+                     const std::vector<at::Tensor>& features,
+                     const std::vector<std::vector<int64_t>>&) override {
+    std::vector<DraftCache*> caches;
+    for (DraftSession* s : sessions) caches.push_back(static_cast<HeadsSession*>(s)->cache());
+    heads_->backbone().AppendContext(caches, features);
+  }
+
+ private:
+  const BackboneHeads* heads_;  // not owned
+};
+
+}  // namespace
+
+std::unique_ptr<BlockDrafter> MakeHeadsBlockDrafter(const BackboneHeads* heads) {
+  return std::make_unique<HeadsBlockDrafter>(heads);
+}
+
 namespace {
 
 // DFlash and DFlash2 behind the seam (registry.h).
@@ -1001,25 +1101,9 @@ class DFlashFamilyDrafter : public Drafter {
                       std::string config_json)
       : drafter_(std::move(drafter)) {
     const DrafterConfig& c = drafter_->config();
-    DrafterSpec& s = spec_;
-    s.path = dir;
-    s.config_json = std::move(config_json);
-    s.method = c.dflash2 ? "dflash2" : "dflash";
-    s.format = c.format;
-    s.tree = c.dflash2 ? "" : kTreeDDTree;  // DFlash2's selector walks one path
-    s.uses_mask_token = true;
-    s.last_layer_is_final_norm = c.last_layer_is_final_norm;
-    s.block_size = c.block_size;
-    s.num_layers = c.layers.num_layers;
-    s.hidden_size = c.layers.hidden_size;
-    s.target_hidden_size = c.target_hidden_size();
-    s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
-    s.num_target_layers = c.num_target_layers;
-    s.target_layer_ids = c.target_layer_ids;
-    s.mask_token_id = c.mask_token_id;
-    s.vocab_size = c.layers.vocab_size;
-    s.dtype = ScalarTypeName(drafter_->dtype());
-    s.device = drafter_->device().str();
+    spec_ = BackboneSpec(*drafter_, dir, std::move(config_json));
+    spec_.method = c.dflash2 ? "dflash2" : "dflash";
+    spec_.tree = c.dflash2 ? "" : kTreeDDTree;  // DFlash2's selector walks one path
   }
   const DrafterSpec& spec() const override { return spec_; }
   at::ScalarType dtype() const override { return drafter_->dtype(); }
@@ -1056,7 +1140,8 @@ absl::StatusOr<std::optional<std::string>> DetectDFlash(const json& config, cons
     return config["speculators_model_type"] == "dflash" ? std::optional<std::string>("speculators")
                                                          : std::nullopt;
   }
-  if (NamesArchitecture(config, "DFlash2DraftModel") || NamesArchitecture(config, "DSparkDraftModel")) {
+  if (NamesArchitecture(config, "DFlash2DraftModel") || NamesArchitecture(config, "DSparkDraftModel") ||
+      NamesArchitecture(config, "DominoDraftModel")) {
     return std::optional<std::string>();
   }
   const std::string projector = Projector(config);

@@ -73,6 +73,10 @@ struct DrafterConfig {
   // this backbone plus heads of its own (markov_head.*, confidence_head.*), which
   // dspark_drafter.cc reads; Load leaves their tensors to it.
   bool dspark = false;
+  // Domino (SpecForge's DominoDraftModel, dflash_config.projector_type "domino"): this backbone
+  // plus its GRU logit correction (prefix_gru.*, embed_proj.*, or under logit_head.), which
+  // domino_drafter.cc reads; Load leaves their tensors to it.
+  bool domino = false;
   // Slot 0 of the block (the anchor's) predicts too: slot k drafts position start + k + 1, so a
   // block of B slots drafts B tokens (speculators' DSpark default).
   bool sample_from_anchor = false;
@@ -190,6 +194,38 @@ class DFlashDrafter {
 // The drafter behind the replay's BlockDrafter interface (not owned): DFlash's block, or
 // DFlash2's selector path.
 std::unique_ptr<BlockDrafter> MakeBlockDrafter(const DFlashDrafter* drafter);
+
+// A family built on this backbone with heads of its own over a block's slots (DSpark's Markov
+// and confidence heads, Domino's GRU correction).
+class BackboneHeads {
+ public:
+  struct Block {
+    at::Tensor logits;      // [len − 1, Vd] fp32, over the head's vocabulary
+    at::Tensor confidence;  // [len − 1] fp32 predicted acceptance, undefined without one
+  };
+  virtual ~BackboneHeads() = default;
+  virtual const DFlashDrafter& backbone() const = 0;
+  // Block slots a block of len positions (the anchor and len − 1 drafts) runs.
+  virtual int64_t Slots(int64_t len) const = 0;
+  virtual int32_t block_size() const = 0;
+  virtual bool conditions_on_drafts() const = 0;
+  // One block's drafting from the backbone's states of its Slots(len) slots [S, H] and the
+  // anchor. Position k's previous token is given[k − 2] for k ≥ 2 while `given` lasts (−1: its
+  // own), then the argmax of position k − 1; drafts, when not null, receives each position's
+  // argmax (the target's ids).
+  virtual Block Heads(const at::Tensor& slots, int64_t anchor, std::span<const int64_t> given,
+                      std::vector<int64_t>* drafts = nullptr) const = 0;
+};
+
+// Such a family's drafting (not owned): one backbone forward per block, then its heads; the
+// context projection is batched over sessions. Inspect gives "hidden", "head_logits" and
+// "confidence" (when the heads predict one).
+std::unique_ptr<BlockDrafter> MakeHeadsBlockDrafter(const BackboneHeads* heads);
+
+// The DrafterSpec fields every family on this backbone shares with DFlash (method, format, tree
+// and, where it differs, block_size are the family's to set).
+DrafterSpec BackboneSpec(const DFlashDrafter& drafter, const std::string& dir,
+                         std::string config_json);
 
 // The family rows (registry.h): DFlash, and DFlash2 (DFlash's drafter with its convolutions and
 // selector switched on).

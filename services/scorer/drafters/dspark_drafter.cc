@@ -140,6 +140,11 @@ int64_t DSparkDrafter::Slots(int64_t len) const {
   return backbone_->config().sample_from_anchor ? len - 1 : len;
 }
 
+int32_t DSparkDrafter::block_size() const {
+  const DrafterConfig& c = backbone_->config();
+  return c.block_size + (c.sample_from_anchor ? 1 : 0);
+}
+
 at::Tensor DSparkDrafter::Bias(const at::Tensor& h, const at::Tensor& e, at::Tensor& state) const {
   const std::string& type = config_.markov_head_type;
   if (type == "vanilla") return at::linear(e, w2_);
@@ -200,98 +205,17 @@ DSparkDrafter::Block DSparkDrafter::Heads(const at::Tensor& slots, int64_t ancho
 
 namespace {
 
-// One response's drafting: the backbone's context cache.
-class DSparkSession : public DraftSession {
- public:
-  DSparkSession(const DSparkDrafter* drafter, int64_t capacity)
-      : drafter_(drafter), cache_(drafter->backbone().NewCache(capacity)) {}
-  void AppendContext(const at::Tensor& features, std::span<const int64_t>) override {
-    drafter_->backbone().AppendContext(*cache_, features);
-  }
-  at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len,
-                         std::span<const int64_t> given) override {
-    const DFlashDrafter& b = drafter_->backbone();
-    hidden_ = b.DraftHidden(*cache_, anchor, start, drafter_->Slots(len));
-    block_ = drafter_->Heads(hidden_, anchor, given);
-    return b.ToTargetVocabulary(block_.logits);
-  }
-  int64_t AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
-                         const std::vector<int64_t>& truth) override {
-    const DFlashDrafter& b = drafter_->backbone();
-    hidden_ = b.DraftHidden(*cache_, anchor, start, drafter_->Slots(len));
-    std::vector<int64_t> drafts;
-    block_ = drafter_->Heads(hidden_, anchor, {}, &drafts);  // its own greedy drafts
-    int64_t a = 0;
-    while (a < len - 1 && drafts[a] == truth[a]) ++a;
-    return a;
-  }
-  at::Tensor PredictedAcceptance() const override { return block_.confidence; }
-  std::map<std::string, at::Tensor> Inspect() const override {
-    std::map<std::string, at::Tensor> out = {{"hidden", hidden_},
-                                             {"head_logits", block_.logits}};
-    if (block_.confidence.defined()) out["confidence"] = block_.confidence;
-    return out;
-  }
-  DraftCache* cache() { return cache_.get(); }
-
- private:
-  const DSparkDrafter* drafter_;       // not owned
-  std::unique_ptr<DraftCache> cache_;  // this response's context K/V
-  at::Tensor hidden_;                  // the last block's slots (Inspect)
-  DSparkDrafter::Block block_;         // the last block's heads
-};
-
-class DSparkBlockDrafter : public BlockDrafter {
- public:
-  explicit DSparkBlockDrafter(const DSparkDrafter* drafter) : drafter_(drafter) {}
-  int32_t block_size() const override {
-    const DrafterConfig& c = drafter_->backbone().config();
-    return c.block_size + (c.sample_from_anchor ? 1 : 0);
-  }
-  bool conditions_on_drafts() const override { return drafter_->config().markov_rank > 0; }
-  std::unique_ptr<DraftSession> NewSession(int64_t capacity) override {
-    return std::make_unique<DSparkSession>(drafter_, capacity);
-  }
-  // One context projection for all sessions; blocks are drafted per session (the heads walk
-  // each block position by position).
-  void AppendContext(const std::vector<DraftSession*>& sessions,
-                     const std::vector<at::Tensor>& features,
-                     const std::vector<std::vector<int64_t>>&) override {
-    std::vector<DraftCache*> caches;
-    for (DraftSession* s : sessions) caches.push_back(static_cast<DSparkSession*>(s)->cache());
-    drafter_->backbone().AppendContext(caches, features);
-  }
-
- private:
-  const DSparkDrafter* drafter_;  // not owned
-};
-
 class DSparkFamilyDrafter : public Drafter {
  public:
   DSparkFamilyDrafter(std::unique_ptr<DSparkDrafter> drafter, const std::string& dir,
                       std::string config_json)
       : drafter_(std::move(drafter)) {
-    const DrafterConfig& c = drafter_->backbone().config();
-    DrafterSpec& s = spec_;
-    s.path = dir;
-    s.config_json = std::move(config_json);
-    s.method = "dspark";
-    s.format = drafter_->format();
+    spec_ = BackboneSpec(drafter_->backbone(), dir, std::move(config_json));
+    spec_.method = "dspark";
+    spec_.format = drafter_->format();
     // Without a Markov head the positions are DFlash's independent marginals: DDTree applies.
-    s.tree = drafter_->config().markov_rank > 0 ? "" : kTreeDDTree;
-    s.uses_mask_token = true;
-    s.last_layer_is_final_norm = c.last_layer_is_final_norm;
-    s.block_size = c.block_size + (c.sample_from_anchor ? 1 : 0);
-    s.num_layers = c.layers.num_layers;
-    s.hidden_size = c.layers.hidden_size;
-    s.target_hidden_size = c.target_hidden_size();
-    s.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size();
-    s.num_target_layers = c.num_target_layers;
-    s.target_layer_ids = c.target_layer_ids;
-    s.mask_token_id = c.mask_token_id;
-    s.vocab_size = c.layers.vocab_size;
-    s.dtype = ScalarTypeName(drafter_->backbone().dtype());
-    s.device = drafter_->backbone().device().str();
+    spec_.tree = drafter_->config().markov_rank > 0 ? "" : kTreeDDTree;
+    spec_.block_size = drafter_->block_size();
   }
   const DrafterSpec& spec() const override { return spec_; }
   at::ScalarType dtype() const override { return drafter_->backbone().dtype(); }
@@ -300,7 +224,7 @@ class DSparkFamilyDrafter : public Drafter {
     return drafter_->backbone().SetTargetHead(embed_tokens, lm_head);
   }
   std::unique_ptr<BlockDrafter> Chain() override {
-    return std::make_unique<DSparkBlockDrafter>(drafter_.get());
+    return MakeHeadsBlockDrafter(drafter_.get());
   }
 
  private:

@@ -54,7 +54,7 @@ absl::StatusOr<DSparkConfig> ParseDSparkConfig(const std::string& json_text,
                                                const std::string& format,
                                                const std::string& source);
 
-class DSparkDrafter {
+class DSparkDrafter : public BackboneHeads {
  public:
   // The backbone's checkpoint plus the heads' tensors, each present and shaped; any other
   // markov_head.* / confidence_head.* tensor is an error naming it.
@@ -62,24 +62,17 @@ class DSparkDrafter {
                                                              at::ScalarType dtype,
                                                              const at::Device& device);
 
-  const DFlashDrafter& backbone() const { return *backbone_; }
+  const DFlashDrafter& backbone() const override { return *backbone_; }
   DFlashDrafter& backbone() { return *backbone_; }
   const DSparkConfig& config() const { return config_; }
   const std::string& format() const { return format_; }
-  // Block slots a block of len positions (the anchor and len − 1 drafts) runs.
-  int64_t Slots(int64_t len) const;
-
-  // One block's drafting, given the backbone's states of its `Slots(len)` slots [S, H] and the
-  // anchor: logits over the head's vocabulary [len − 1, Vd] (fp32) and, with a confidence head,
-  // c [len − 1] (fp32, else undefined). Position k's previous token is given[k − 2] for k ≥ 2
-  // while `given` lasts, then the argmax of position k − 1 (greedy drafting); drafts, when not
-  // null, receives each position's argmax (the target's ids).
-  struct Block {
-    at::Tensor logits;
-    at::Tensor confidence;
-  };
+  // BackboneHeads (dflash_drafter.h): the slots of a block (len − 1 with sample_from_anchor),
+  // and its logits over the head's vocabulary [len − 1, Vd] with, given a confidence head, c.
+  int64_t Slots(int64_t len) const override;
+  int32_t block_size() const override;
+  bool conditions_on_drafts() const override { return config_.markov_rank > 0; }
   Block Heads(const at::Tensor& slots, int64_t anchor, std::span<const int64_t> given,
-              std::vector<int64_t>* drafts = nullptr) const;
+              std::vector<int64_t>* drafts = nullptr) const override;
 
  private:
   DSparkDrafter() = default;

@@ -7,6 +7,7 @@
 #include "common/checkpoint.h"
 #include "common/status.h"
 #include "services/scorer/drafters/dflash_drafter.h"
+#include "services/scorer/drafters/domino_drafter.h"
 #include "services/scorer/drafters/dspark_drafter.h"
 #include "services/scorer/drafters/eagle3_drafter.h"
 #include "services/scorer/drafters/mtp_drafter.h"
@@ -21,6 +22,7 @@ absl::StatusOr<std::string> ReadDrafterConfigText(const std::string& dir) {
 const std::vector<DrafterFamily>& DrafterFamilies() {
   static const std::vector<DrafterFamily> families = {
       DSparkFamily(),
+      DominoFamily(),
       DFlash2Family(),
       PEagleFamily(),  // before EAGLE-3: a P-EAGLE checkpoint is read by its loader
       Eagle3Family(),

@@ -1,0 +1,96 @@
+"""The reference side of test_domino_parity.py, run in a subprocess with SpecForge 0.2.0 on the
+path (.venv/trainer-oracles; its pins clash with the project's).
+
+    python domino_reference.py SPEC.json
+
+SPEC: {"target": DIR (a HF Qwen3 checkpoint), "out": DIR, "variants": {name: {...}},
+"context": C, "seed": S}. For each variant, SpecForge's own DominoDraftModel with random weights,
+saved by its save_pretrained into DIR/name (with "legacy_keys", its head renamed under
+logit_head., the layout early checkpoints have and SpecForge still loads); random context
+features [C, n·H] and a random block of tokens (anchor first). Two references:
+- teacher-forced: the package's forward over [anchor, mask × (B − 1)] after the context (every
+  key visible), the target's lm_head, and its own apply_logits_head with the block's true tokens
+  as the previous tokens: ref.logits [B − 1, V], the drafts' rows (slot k, or k − 1 with
+  shift_label);
+- greedy: its own _sample_draft_tokens (spec_generate's block sampler, temperature 0) on the
+  same block: ref.drafts [B − 1].
+DIR/name.cases.safetensors holds case.0.features [C + B, n·H] (rows past C unused),
+case.0.tokens [C + B] (the block's tokens at C ..), ref.logits and ref.drafts."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from dspark_reference import randomize, specforge_config  # noqa: E402
+
+
+def domino_model(v: dict, tc, g: torch.Generator):
+    from specforge.modeling.draft.domino import DominoDraftModel
+
+    cfg = specforge_config(v, tc, "domino", "DominoDraftModel", emb_dim=v["emb_dim"],
+                           gru_hidden_dim=v["gru"], pure_draft_prefix_len=v["prefix"],
+                           shift_label=v["shift"])
+    m = DominoDraftModel(cfg).eval()
+    randomize(m, g)
+    with torch.no_grad():  # a correction large enough to change argmaxes
+        for name, p in m.named_parameters():
+            if name.startswith(("prefix_gru.", "embed_proj.")):
+                p.mul_(5.0)
+    return m
+
+
+def main() -> None:
+    from transformers import AutoConfig
+
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(spec["out"])
+    tc = AutoConfig.from_pretrained(spec["target"])
+    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    V = tc.vocab_size
+    embed = target["model.embed_tokens.weight"].float()
+    target_head = target.get("lm_head.weight", embed).float()
+    stub = SimpleNamespace(lm_head=lambda h: h @ target_head.T,
+                           model=SimpleNamespace(embed_tokens=lambda ids: embed[ids]))
+    torch.set_num_threads(1)
+    for i, (name, v) in enumerate(spec["variants"].items()):
+        g = torch.Generator().manual_seed(spec["seed"] + i)
+        m = domino_model(v, tc, g)
+        m.save_pretrained(out / name)
+        if v.get("legacy_keys"):
+            st = out / name / "model.safetensors"
+            t = load_file(str(st))
+            t = {("logit_head." + k if k.startswith(("prefix_gru.", "embed_proj.")) else k): x
+                 for k, x in t.items()}
+            save_file(t, str(st), metadata={"format": "pt"})
+        B, C, ids = v["block"], spec["context"], v["aux_ids"]
+        feats = torch.randn(1, C + B, len(ids) * tc.hidden_size, generator=g)
+        tokens = torch.randint(0, V - 1, (C + B,), generator=g)
+        block_tokens = tokens[C:C + B][None]  # [1, B]: the anchor and the tokens after it
+        block = torch.tensor([[int(block_tokens[0, 0])] + [V - 1] * (B - 1)])
+        with torch.no_grad():
+            hidden = m(position_ids=torch.arange(C + B)[None], attention_mask=None,
+                       noise_embedding=embed[block], target_hidden=feats[:, :C])  # [1, B, H]
+            base = stub.lm_head(hidden)
+            final = m.apply_logits_head(base.unsqueeze(1),
+                                        prev_token_embeddings=embed[block_tokens].unsqueeze(1),
+                                        hidden_states=hidden.unsqueeze(1))[0, 0]  # [B, V]
+            logits = final[:B - 1] if v["shift"] else final[1:]
+            drafts = m._sample_draft_tokens(stub, hidden, block.clone())[0]
+        save_file({"case.0.features": feats[0].contiguous(),
+                   "case.0.tokens": tokens.to(torch.int64).contiguous(),
+                   "ref.logits": logits.float().contiguous(),
+                   "ref.drafts": drafts.to(torch.int64).contiguous()},
+                  str(out / f"{name}.cases.safetensors"))
+    print(json.dumps({"variants": list(spec["variants"])}))
+
+
+if __name__ == "__main__":
+    main()
