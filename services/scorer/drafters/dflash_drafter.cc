@@ -133,9 +133,10 @@ absl::StatusOr<DrafterConfig> ParseSpeculatorsDFlash(const json& doc, const std:
   }
   if (d.draft_vocab_size == d.layers.vocab_size) d.draft_vocab_size = 0;
   d.dspark = doc["speculators_model_type"] == "dspark";
-  // speculators' default: DSpark samples from the anchor, DFlash does not.
+  d.xpress = doc["speculators_model_type"] == "xpress";
+  // speculators' default: DSpark samples from the anchor, DFlash and XPress do not.
   SW_ASSIGN_OR_RETURN(d.sample_from_anchor, root.Bool("sample_from_anchor", d.dspark));
-  if (d.sample_from_anchor && !d.dspark) {
+  if (d.sample_from_anchor && !d.dspark && !d.xpress) {
     return root.Error("sample_from_anchor",
                       "is true: slot 0 of the block predicts too, which neither the replay nor "
                       "vLLM's DFlash verification reads (a DSpark checkpoint says "
@@ -173,11 +174,11 @@ absl::StatusOr<DrafterConfig> ParseDrafterConfig(const std::string& json_text,
   }
   if (doc.contains("speculators_model_type")) {
     const json& t = doc["speculators_model_type"];
-    if (!t.is_string() || (t != "dflash" && t != "dflash2" && t != "dspark")) {
+    if (!t.is_string() || (t != "dflash" && t != "dflash2" && t != "dspark" && t != "xpress")) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": key \"speculators_model_type\" is ", t.dump(),
           "; a drafter on DFlash's backbone in speculators' format says \"dflash\", "
-          "\"dflash2\" or \"dspark\""));
+          "\"dflash2\", \"dspark\" or \"xpress\""));
     }
     return ParseSpeculatorsDFlash(doc, source);
   }
@@ -556,6 +557,9 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
       if (m.config.dspark &&
           (name.starts_with("markov_head.") || name.starts_with("confidence_head."))) {
         continue;  // DSpark's heads: dspark_drafter.cc checks them
+      }
+      if (m.config.xpress && name.starts_with("refiner_head.")) {
+        continue;  // XPress's refiner: xpress_drafter.cc checks it
       }
       if (m.config.domino && (name.starts_with("prefix_gru.") || name.starts_with("embed_proj.") ||
                               name.starts_with("logit_head."))) {
@@ -1028,14 +1032,22 @@ class HeadsSession : public DraftSession {
  public:
   HeadsSession(const BackboneHeads* heads, int64_t capacity)
       : heads_(heads), cache_(heads->backbone().NewCache(capacity)) {}
-  void AppendContext(const at::Tensor& features, std::span<const int64_t>) override {
+  void AppendContext(const at::Tensor& features, std::span<const int64_t> next_tokens) override {
     heads_->backbone().AppendContext(*cache_, features);
+    Record(next_tokens);
+  }
+  // The token before the next anchor: the next token of the context's last row but one.
+  void Record(std::span<const int64_t> next_tokens) {
+    for (const int64_t t : next_tokens) {
+      before_anchor_ = last_next_;
+      last_next_ = t;
+    }
   }
   at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len,
                          std::span<const int64_t> given) override {
     const DFlashDrafter& b = heads_->backbone();
     hidden_ = b.DraftHidden(*cache_, anchor, start, heads_->Slots(len));
-    block_ = heads_->Heads(hidden_, anchor, given);
+    block_ = heads_->Heads(hidden_, anchor, before_anchor_, given);
     return b.ToTargetVocabulary(block_.logits);
   }
   int64_t AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
@@ -1043,7 +1055,7 @@ class HeadsSession : public DraftSession {
     const DFlashDrafter& b = heads_->backbone();
     hidden_ = b.DraftHidden(*cache_, anchor, start, heads_->Slots(len));
     std::vector<int64_t> drafts;
-    block_ = heads_->Heads(hidden_, anchor, {}, &drafts);  // its own greedy drafts
+    block_ = heads_->Heads(hidden_, anchor, before_anchor_, {}, &drafts);  // its own drafts
     int64_t a = 0;
     while (a < len - 1 && drafts[a] == truth[a]) ++a;
     return a;
@@ -1062,6 +1074,7 @@ class HeadsSession : public DraftSession {
   std::unique_ptr<DraftCache> cache_;  // this response's context K/V
   at::Tensor hidden_;                  // the last block's slots (Inspect)
   BackboneHeads::Block block_;         // the last block's heads
+  int64_t last_next_ = -1, before_anchor_ = -1;
 };
 
 class HeadsBlockDrafter : public BlockDrafter {
@@ -1076,9 +1089,13 @@ class HeadsBlockDrafter : public BlockDrafter {
   // each block position by position).
   void AppendContext(const std::vector<DraftSession*>& sessions,
                      const std::vector<at::Tensor>& features,
-                     const std::vector<std::vector<int64_t>>&) override {
+                     const std::vector<std::vector<int64_t>>& next_tokens) override {
     std::vector<DraftCache*> caches;
-    for (DraftSession* s : sessions) caches.push_back(static_cast<HeadsSession*>(s)->cache());
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      auto* s = static_cast<HeadsSession*>(sessions[i]);
+      caches.push_back(s->cache());
+      if (i < next_tokens.size()) s->Record(next_tokens[i]);
+    }
     heads_->backbone().AppendContext(caches, features);
   }
 

@@ -77,6 +77,9 @@ struct DrafterConfig {
   // plus its GRU logit correction (prefix_gru.*, embed_proj.*, or under logit_head.), which
   // domino_drafter.cc reads; Load leaves their tensors to it.
   bool domino = false;
+  // XPress (speculators_model_type "xpress"): this backbone plus its causal refiner
+  // (refiner_head.*), which xpress_drafter.cc reads; Load leaves its tensors to it.
+  bool xpress = false;
   // Slot 0 of the block (the anchor's) predicts too: slot k drafts position start + k + 1, so a
   // block of B slots drafts B tokens (speculators' DSpark default).
   bool sample_from_anchor = false;
@@ -213,7 +216,9 @@ class BackboneHeads {
   // anchor. Position k's previous token is given[k − 2] for k ≥ 2 while `given` lasts (−1: its
   // own), then the argmax of position k − 1; drafts, when not null, receives each position's
   // argmax (the target's ids).
-  virtual Block Heads(const at::Tensor& slots, int64_t anchor, std::span<const int64_t> given,
+  // `before_anchor` is the token before the anchor (−1 when the context does not say).
+  virtual Block Heads(const at::Tensor& slots, int64_t anchor, int64_t before_anchor,
+                      std::span<const int64_t> given,
                       std::vector<int64_t>* drafts = nullptr) const = 0;
 };
 

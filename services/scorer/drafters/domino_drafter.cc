@@ -112,7 +112,8 @@ class DominoDrafter : public BackboneHeads {
   bool conditions_on_drafts() const override { return true; }  // the GRU reads the drafts
 
   // The drafts of a block from its slots [len, H]: head logits [len − 1, V] (fp32).
-  Block Heads(const at::Tensor& slots, int64_t anchor, std::span<const int64_t> given,
+  Block Heads(const at::Tensor& slots, int64_t anchor, int64_t /*before_anchor*/,
+              std::span<const int64_t> given,
               std::vector<int64_t>* drafts) const override {
     c10::InferenceMode guard;
     const int64_t n = slots.size(0) - 1;

@@ -160,6 +160,7 @@ at::Tensor DSparkDrafter::Bias(const at::Tensor& h, const at::Tensor& e, at::Ten
 }
 
 DSparkDrafter::Block DSparkDrafter::Heads(const at::Tensor& slots, int64_t anchor,
+                                          int64_t /*before_anchor*/,
                                           std::span<const int64_t> given,
                                           std::vector<int64_t>* drafts) const {
   c10::InferenceMode guard;

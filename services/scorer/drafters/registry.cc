@@ -12,6 +12,7 @@
 #include "services/scorer/drafters/eagle3_drafter.h"
 #include "services/scorer/drafters/mtp_drafter.h"
 #include "services/scorer/drafters/peagle_drafter.h"
+#include "services/scorer/drafters/xpress_drafter.h"
 
 namespace specwire {
 
@@ -23,6 +24,7 @@ const std::vector<DrafterFamily>& DrafterFamilies() {
   static const std::vector<DrafterFamily> families = {
       DSparkFamily(),
       DominoFamily(),
+      XPressFamily(),
       DFlash2Family(),
       PEagleFamily(),  // before EAGLE-3: a P-EAGLE checkpoint is read by its loader
       Eagle3Family(),

@@ -52,7 +52,7 @@
 ABSL_FLAG(std::string, drafter, "",
           "The drafter: a checkpoint directory (config.json + safetensors) of any family "
           "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, Domino, "
-          "EAGLE-3, P-EAGLE, MTP). \"mtp\": the --target_checkpoint's own multi-token-prediction head "
+          "EAGLE-3, P-EAGLE, MTP, XPress). \"mtp\": the --target_checkpoint's own multi-token-prediction head "
           "(its mtp.* tensors; the same as naming the target's directory).");
 ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
