@@ -233,7 +233,7 @@ def test_layer_ids_beyond_the_target_are_refused_before_any_work(scorer, pair, f
         assert w in e.value.details(), (w, e.value.details())
 
 
-@pytest.mark.parametrize("declared", ["dflash3", "mtp", 7])
+@pytest.mark.parametrize("declared", ["dflash3", "medusa", 7])
 def test_an_unknown_speculators_family_is_refused_by_its_declaration(scorer, pair, declared):
     drafter = write_broken(pair, "speculators", f"family-{declared}",
                            lambda c: c.update(speculators_model_type=declared))
