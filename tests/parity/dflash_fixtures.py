@@ -83,27 +83,116 @@ def run_replay(args: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+ORACLES = REPO / ".venv" / "trainer-oracles"
+
+
+def require_oracles(*packages: str) -> None:
+    """Fails the test (not skips it) when a reference package is not installed."""
+    missing = [p for p in packages if not (ORACLES / p).is_dir()]
+    if missing:
+        import pytest
+        pytest.fail(f"{' / '.join(missing)} not in .venv/trainer-oracles (scripts/setup.sh "
+                    "installs requirements-trainers.txt there)", pytrace=False)
+
+
+def run_oracle_script(script: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """tests/parity/`script` in a subprocess with .venv/trainer-oracles on the path (their pins
+    clash with the project's); it must succeed."""
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
+    r = subprocess.run([sys.executable, str(Path(__file__).parent / script), *args],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def error_beside_float64(got: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, tol: float,
+                         label: str, failures: list[str]) -> float:
+    """`got`'s relative error from the reference's `ref`; past `tol` it counts as 0 when `got` is
+    no further from the float64 forward `exact` than 1.5 times the reference is, and otherwise is
+    recorded in `failures` under `label`."""
+    err = relative(got, ref)
+    if err <= tol:
+        return err
+    ours = relative(got.double(), exact)
+    theirs = relative(ref.double(), exact)
+    if ours <= 1.5 * theirs + 1e-6:
+        return 0.0
+    failures.append(f"{label}: {err:.3e} from the reference; from float64 ours {ours:.3e}, the "
+                    f"reference's {theirs:.3e}")
+    return err
+
+
+def block_draft(oracle: dict, name: str, drafter: Path, length: int, context: int,
+                greedy: bool = False):
+    """specwire-replay draft of one block of `length` (the anchor and its drafts) after a
+    block-family case's `context`: teacher-forced by the case's tokens, or (greedy) with the
+    tokens after the anchor unknown (−1), so the block feeds its own drafts. (process, case,
+    outputs or None)."""
+    from safetensors.torch import load_file, save_file
+
+    c = load_file(str(oracle["root"] / "out" / f"{name}.cases.safetensors"))
+    tokens = c["case.0.tokens"].clone()
+    if greedy:
+        tokens[context + 1:] = -1
+    tag = f"{drafter.name}{'-greedy' if greedy else ''}"
+    inp = oracle["root"] / f"{tag}.in.safetensors"
+    save_file({"case.0.features": c["case.0.features"], "case.0.tokens": tokens.contiguous()},
+              str(inp), metadata={"cases": json.dumps(
+                  [{"steps": [{"context_end": context, "len": length}]}])})
+    res = oracle["root"] / f"{tag}.out.safetensors"
+    r = subprocess.run([str(replay_binary()), "draft", f"--drafter={drafter}",
+                        f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
+                        f"--out={res}", "--threads=1"], capture_output=True, text=True,
+                       timeout=300)
+    return r, c, (load_file(str(res)) if r.returncode == 0 else None)
+
+
+def broken_copy(src: Path, dst: Path, tensors=None, config=None) -> Path:
+    """A copy of the checkpoint `src` at `dst`, its model.safetensors edited in place by
+    `tensors(dict)` and its config.json by `config(dict)` where given."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    if tensors is not None:
+        t = load_file(str(dst / "model.safetensors"))
+        tensors(t)
+        save_file(t, str(dst / "model.safetensors"))
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def seeded_variants(family: str, variants: dict, random_variants, n: int) -> tuple[int, dict]:
+    """The fixed `variants` plus `n` drawn by `random_variants(seed, n)`: the seed is the day's
+    (printed; SPECWIRE_<FAMILY>_SEED repeats a run). (seed, variants)."""
+    key = f"SPECWIRE_{family.upper()}_SEED"
+    seed = int(os.environ.get(key, time.strftime("%Y%m%d")))
+    print(f"{family} random variants: seed {seed} ({key}={seed} repeats them)")
+    return seed, {**variants, **random_variants(seed, n)}
+
+
 def block_family_oracle(root: Path, family: str, reference: str, variants: dict,
                         random_variants, context: int) -> dict:
     """The reference side of a DFlash-based family's parity test, run once: a tiny target in
     `root`, the fixed `variants` plus six seeded random ones (SPECWIRE_<FAMILY>_SEED repeats a
     day's), and tests/parity/`reference` on them in a subprocess with .venv/trainer-oracles on
     the path (their pins clash with the project's). {"root", "target", "variants"}."""
-    import sys
-
     target = make_target(root)
-    key = f"SPECWIRE_{family.upper()}_SEED"
-    seed = int(os.environ.get(key, time.strftime("%Y%m%d")))
-    print(f"{family} random variants: seed {seed} ({key}={seed} repeats them)")
-    variants = {**variants, **random_variants(seed, 6)}
+    seed, variants = seeded_variants(family, variants, random_variants, 6)
     spec = root / "spec.json"
     spec.write_text(json.dumps({"target": str(target), "out": str(root / "out"),
                                 "context": context, "seed": seed, "variants": variants}))
-    env = dict(os.environ, PYTHONPATH=str(REPO / ".venv" / "trainer-oracles"),
-               TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / reference), str(spec)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
+    run_oracle_script(reference, str(spec), timeout=600)
     return {"root": root, "target": target, "variants": variants}
 
 

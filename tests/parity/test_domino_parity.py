@@ -12,20 +12,15 @@ Seeded random variants are added every day (SPECWIRE_DOMINO_SEED repeats a run).
 checkpoints are refused naming the file and key or tensor."""
 from __future__ import annotations
 
-import json
 import random
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import dflash_fixtures as F
 
-REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 CONTEXT = 9
 TOL = 1e-5
 
@@ -59,31 +54,14 @@ def random_variants(seed: int, n: int) -> dict:
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "specforge").is_dir():
-        pytest.fail("specforge is not in .venv/trainer-oracles (scripts/setup.sh)", pytrace=False)
+    F.require_oracles("specforge")
     return F.block_family_oracle(tmp_path_factory.mktemp("domino"), "domino",
                                  "domino_reference.py", VARIANTS, random_variants, CONTEXT)
 
 
 def draft(oracle: dict, name: str, drafter: Path, greedy: bool = False):
-    """specwire's block after the case's context: teacher-forced by the case's tokens, or (greedy)
-    with the tokens after the anchor unknown (−1), so the block feeds its own drafts."""
-    v = oracle["variants"][name]
-    c = load_file(str(oracle["root"] / "out" / f"{name}.cases.safetensors"))
-    tokens = c["case.0.tokens"].clone()
-    if greedy:
-        tokens[CONTEXT + 1:] = -1  # no given tokens: the block feeds its own drafts
-    tag = f"{drafter.name}{'-greedy' if greedy else ''}"
-    inp = oracle["root"] / f"{tag}.in.safetensors"
-    save_file({"case.0.features": c["case.0.features"], "case.0.tokens": tokens.contiguous()},
-              str(inp), metadata={"cases": json.dumps(
-                  [{"steps": [{"context_end": CONTEXT, "len": v["block"]}]}])})
-    res = oracle["root"] / f"{tag}.out.safetensors"
-    r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
-                        f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
-                        f"--out={res}", "--threads=1"], capture_output=True, text=True,
-                       timeout=300)
-    return r, c, (load_file(str(res)) if r.returncode == 0 else None)
+    return F.block_draft(oracle, name, drafter, oracle["variants"][name]["block"], CONTEXT,
+                         greedy)
 
 
 def test_teacher_forced_logits_match_specforge(oracle):
@@ -93,7 +71,7 @@ def test_teacher_forced_logits_match_specforge(oracle):
         assert r.returncode == 0, (name, r.stderr[-2000:])
         logits, ref = got["case.0.step.0.logits"], c["ref.logits"]
         assert logits.shape == ref.shape == (v["block"] - 1, ref.shape[1]), (name, logits.shape)
-        err = ((logits - ref).norm() / ref.norm()).item()
+        err = F.relative(logits, ref)
         print(f"{name}: relative error {err:.2e}")
         if err > TOL:
             failures.append(f"{name} ({v}): {err:.3e}")
@@ -112,24 +90,23 @@ def test_the_correction_changes_the_drafts(oracle):
     """The comparison has power: the same checkpoint read as plain DFlash (the head's tensors
     dropped, projector_type dflash) drafts other tokens."""
     root = oracle["root"]
-    src = root / "out" / "plain"
-    dst = root / "plain-as-dflash"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["dflash_config"]["projector_type"] = "dflash"
-    cfg["architectures"] = ["DFlashDraftModel"]
-    (dst / "config.json").write_text(json.dumps(cfg))
-    t = load_file(str(dst / "model.safetensors"))
-    save_file({k: x for k, x in t.items() if not k.startswith(("prefix_gru.", "embed_proj."))},
-              str(dst / "model.safetensors"))
+
+    def as_dflash(cfg):
+        cfg["dflash_config"]["projector_type"] = "dflash"
+        cfg["architectures"] = ["DFlashDraftModel"]
+
+    def drop_head(t):
+        for k in [k for k in t if k.startswith(("prefix_gru.", "embed_proj."))]:
+            del t[k]
+
+    dst = F.broken_copy(root / "out" / "plain", root / "plain-as-dflash", drop_head, as_dflash)
     oracle["variants"]["plain-as-dflash"] = oracle["variants"]["plain"]
     shutil.copy(root / "out" / "plain.cases.safetensors",
                 root / "out" / "plain-as-dflash.cases.safetensors")
     r, c, got = draft(oracle, "plain-as-dflash", dst)
     assert r.returncode == 0, r.stderr[-2000:]
     ref = c["ref.logits"]
-    assert ((got["case.0.step.0.logits"] - ref).norm() / ref.norm()).item() > 1e-2
+    assert F.relative(got["case.0.step.0.logits"], ref) > 1e-2
 
 
 BAD = {
@@ -148,17 +125,7 @@ BAD = {
 def test_bad_checkpoints_are_refused_by_name(oracle, case):
     tensors, config, words = BAD[case]
     root = oracle["root"]
-    dst = root / f"broken-{case}"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(root / "out" / "plain", dst)
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
+    dst = F.broken_copy(root / "out" / "plain", root / f"broken-{case}", tensors, config)
     r, _, _ = draft(oracle, "plain", dst)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     for w in words:

@@ -13,20 +13,16 @@ refused naming the file and key or tensor."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 import dflash_fixtures as F
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 CONTEXT = 9
 TOL = 1e-5
 
@@ -73,9 +69,7 @@ def random_variants(seed: int, n: int) -> dict:
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "speculators").is_dir() or not (ORACLES / "specforge").is_dir():
-        pytest.fail("speculators / specforge are not in .venv/trainer-oracles (scripts/setup.sh)",
-                    pytrace=False)
+    F.require_oracles("speculators", "specforge")
     return F.block_family_oracle(tmp_path_factory.mktemp("dspark"), "dspark",
                                  "dspark_reference.py", VARIANTS, random_variants, CONTEXT)
 
@@ -83,22 +77,11 @@ def oracle(tmp_path_factory):
 def draft(oracle: dict, name: str, drafter: Path):
     """specwire's block after the case's context, teacher-forced by the case's tokens."""
     v = oracle["variants"][name]
-    c = load_file(str(oracle["root"] / "out" / f"{name}.cases.safetensors"))
-    length = v["block"] + (1 if v["sample_from_anchor"] else 0)  # the anchor and its drafts
-    inp = oracle["root"] / f"{drafter.name}.in.safetensors"
-    save_file({"case.0.features": c["case.0.features"], "case.0.tokens": c["case.0.tokens"]},
-              str(inp), metadata={"cases": json.dumps(
-                  [{"steps": [{"context_end": CONTEXT, "len": length}]}])})
-    res = oracle["root"] / f"{drafter.name}.out.safetensors"
-    r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
-                        f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
-                        f"--out={res}", "--threads=1"], capture_output=True, text=True,
-                       timeout=300)
-    return r, c, (load_file(str(res)) if r.returncode == 0 else None)
+    return F.block_draft(oracle, name, drafter, v["block"] + (1 if v["sample_from_anchor"] else 0),
+                         CONTEXT)
 
 
-def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+relative = F.relative
 
 
 def test_forward_matches_the_reference_packages(oracle):
@@ -147,12 +130,6 @@ def test_the_markov_head_changes_the_drafts(oracle):
     assert not torch.allclose(a[1:], b[1:])
 
 
-def write_config(d: Path, change) -> None:
-    cfg = json.loads((d / "config.json").read_text())
-    change(cfg)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
 @pytest.mark.parametrize("case,change,words", [
     ("markov_head_type", lambda c: c.update(markov_head_type="lstm"),
      ["markov_head_type", "lstm"]),
@@ -166,11 +143,8 @@ def write_config(d: Path, change) -> None:
      ["confidence_head_with_markov", "markov_rank is 0"]),
 ])
 def test_broken_checkpoints_are_refused_by_name(oracle, tmp_path, case, change, words):
-    import shutil
-    src = oracle["root"] / "out" / "sp-vanilla-anchor"
-    d = tmp_path / case
-    shutil.copytree(src, d)
-    write_config(d, change)
+    d = F.broken_copy(oracle["root"] / "out" / "sp-vanilla-anchor", tmp_path / case,
+                      config=change)
     r, _, _ = draft(oracle, "sp-vanilla-anchor", d)
     assert r.returncode == 2, (case, r.stderr[-2000:])
     for w in words:
@@ -194,11 +168,7 @@ def replayed(tmp_path_factory):
         "dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
         "out": str(root / "dspark"), "prompts": prompts, "max_new_tokens": REPLAY_NEW_TOKENS,
         "seed": 5, "markov_head_type": "rnn", "markov_rank": 16}))
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "dspark_reference.py"),
-                        "replay", str(spec)], capture_output=True, text=True, timeout=900,
-                       env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
+    r = F.run_oracle_script("dspark_reference.py", "replay", str(spec))
     ref = json.loads(r.stdout.strip().splitlines()[-1])
     trajs = root / "trajectories.json"
     trajs.write_text(json.dumps([{"prompt": p, "completion": t[len(p):]}

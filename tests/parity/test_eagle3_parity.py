@@ -22,12 +22,9 @@ the project's)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -38,7 +35,6 @@ import dflash_fixtures as F
 import hf_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 TOL = 1e-5
 LENGTH = 14
 STEPS = 5
@@ -101,13 +97,9 @@ def random_variants(seed: int, n: int) -> dict:
 
 
 def reference(out: Path, variants: dict, seed: int) -> None:
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"out": str(out), "variants": variants, "length": LENGTH,
-                                "steps": STEPS, "seed": seed}))
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "eagle3_reference.py"),
-                        str(spec)], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
+    spec = F.write_json(out / "spec.json", {"out": str(out), "variants": variants,
+                                            "length": LENGTH, "steps": STEPS, "seed": seed})
+    F.run_oracle_script("eagle3_reference.py", str(spec), timeout=600)
 
 
 def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
@@ -116,9 +108,7 @@ def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "speculators").is_dir() or not (ORACLES / "specforge").is_dir():
-        pytest.fail("speculators / specforge are not in .venv/trainer-oracles (scripts/setup.sh "
-                    "installs requirements-trainers.txt there)", pytrace=False)
+    F.require_oracles("speculators", "specforge")
     out = tmp_path_factory.mktemp("eagle3")
     # The target of the export variant: its embedding is the drafter's.
     target = hf_fixtures.make_checkpoint("sglang_target", out, overrides=dict(
@@ -126,10 +116,7 @@ def oracle(tmp_path_factory):
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8))
     embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
     save_file({"embed": embed.contiguous()}, str(out / "target_embed.safetensors"))
-    # The random draws change daily (the seed is printed; SPECWIRE_EAGLE3_SEED repeats a run).
-    seed = int(os.environ.get("SPECWIRE_EAGLE3_SEED", time.strftime("%Y%m%d")))
-    print(f"eagle3 random variants: seed {seed} (SPECWIRE_EAGLE3_SEED={seed} repeats them)")
-    variants = {**VARIANTS, **random_variants(seed, 6)}
+    seed, variants = F.seeded_variants("eagle3", VARIANTS, random_variants, 6)
     variants["sf-sglang-export"] = dict(variants["sf-sglang-export"],
                                         target_embed=str(out / "target_embed.safetensors"))
     reference(out, variants, seed)
@@ -153,18 +140,8 @@ def test_forward_matches_the_reference_packages(oracle):
             assert logits.shape == (STEPS, v["draft_vocab"]), (name, logits.shape)
             for k in range(STEPS):
                 ref = cases[f"ref.step.{k}"][e - 1]
-                err = ((logits[k] - ref).norm() / ref.norm()).item()
-                if err > TOL:  # then: no further from the float64 forward than the reference
-                    exact = cases[f"ref64.step.{k}"][e - 1]
-                    ours = ((logits[k].double() - exact).norm() / exact.norm()).item()
-                    theirs = ((ref.double() - exact).norm() / exact.norm()).item()
-                    if ours <= 1.5 * theirs + 1e-6:
-                        err = 0.0
-                    else:
-                        failures.append(f"{name} lane {e - 1} step {k}: {err:.3e} from the "
-                                        f"reference; from float64 ours {ours:.3e}, the "
-                                        f"reference's {theirs:.3e}")
-                worst = max(worst, err)
+                worst = max(worst, F.error_beside_float64(
+                    logits[k], ref, cases[f"ref64.step.{k}"][e - 1], TOL, f"{name} lane {e - 1} step {k}", failures))
         print(f"{name}: worst relative error {worst:.2e}")
     assert not failures, "\n".join(failures)
 
@@ -368,11 +345,7 @@ def replayed(tmp_path_factory):
             "out": str(drafter), "prompt_len": REPLAY_PROMPT_LEN,
             "max_new_tokens": REPLAY_NEW_TOKENS, "block": block, "train_steps": 120,
             "aux_ids": aux_ids, "draft_vocab": 300}))
-        env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-        r = subprocess.run([sys.executable, str(Path(__file__).parent / "eagle3_reference.py"),
-                            "replay", str(spec)], capture_output=True, text=True, timeout=900,
-                           env=env)
-        assert r.returncode == 0, r.stderr[-4000:]
+        r = F.run_oracle_script("eagle3_reference.py", "replay", str(spec))
         ref = json.loads(r.stdout.strip().splitlines()[-1])
         ours = F.run_replay(["replay", "--drafter", str(drafter), "--target_checkpoint",
                              str(target_dir), "--tokens_file",
@@ -483,10 +456,7 @@ def test_eagle_tree_replay(replayed, depth, top_k, total):
     spec = root / "paths.json"
     spec.write_text(json.dumps({"drafter": str(drafter), "data": str(root / "data.safetensors"),
                                 "queries": queries, "out": str(root / "paths.safetensors")}))
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "eagle3_reference.py"),
-                        "paths", str(spec)], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
+    r = F.run_oracle_script("eagle3_reference.py", "paths", str(spec))
     logp = load_file(str(root / "paths.safetensors"))
     cfg = json.loads((drafter / "config.json").read_text())
     t = load_file(str(drafter / "model.safetensors"))

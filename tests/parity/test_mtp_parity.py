@@ -19,22 +19,18 @@ About 60 s on two cores (the reference runs in a subprocess)."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import dflash_fixtures as F
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 TOL = 1e-5
 LENGTH = 10
 DRAFTS = 4  # per chain
@@ -93,14 +89,6 @@ def random_variants(seed: int, n: int) -> dict:
     return out
 
 
-def run_reference(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "mtp_reference.py"), *args],
-                       capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
-
-
 def paths(out: Path, name: str, v: dict) -> tuple[Path, Path]:
     """(drafter, target) directories of a variant."""
     target = out / f"{name}.target"
@@ -114,17 +102,12 @@ def draft(drafter: Path, target: Path, cases: dict, ends: list[int], out: Path, 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "speculators").is_dir():
-        pytest.fail("speculators is not in .venv/trainer-oracles (scripts/setup.sh installs "
-                    "requirements-trainers.txt there)", pytrace=False)
+    F.require_oracles("speculators")
     out = tmp_path_factory.mktemp("mtp")
-    seed = int(os.environ.get("SPECWIRE_MTP_SEED", time.strftime("%Y%m%d")))
-    print(f"mtp random variants: seed {seed} (SPECWIRE_MTP_SEED={seed} repeats them)")
-    variants = {**VARIANTS, **random_variants(seed, 4)}
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"out": str(out), "variants": variants, "length": LENGTH,
-                                "drafts": DRAFTS, "seed": seed}))
-    run_reference(str(spec))
+    seed, variants = F.seeded_variants("mtp", VARIANTS, random_variants, 4)
+    spec = F.write_json(out / "spec.json", {"out": str(out), "variants": variants,
+                                            "length": LENGTH, "drafts": DRAFTS, "seed": seed})
+    F.run_oracle_script("mtp_reference.py", str(spec))
     return out, variants
 
 
@@ -149,18 +132,8 @@ def test_chain_matches_the_reference(oracle):
                                     f"forward")
             for k in range(DRAFTS):
                 ref = cases[f"ref.end.{e}"][k]
-                err = ((logits[k] - ref).norm() / ref.norm()).item()
-                if err > TOL:
-                    exact = cases[f"ref64.end.{e}"][k]
-                    ours = ((logits[k].double() - exact).norm() / exact.norm()).item()
-                    theirs = ((ref.double() - exact).norm() / exact.norm()).item()
-                    if ours <= 1.5 * theirs + 1e-6:
-                        err = 0.0
-                    else:
-                        failures.append(f"{name} end {e} draft {k}: {err:.3e} from the "
-                                        f"reference; from float64 ours {ours:.3e}, the "
-                                        f"reference's {theirs:.3e}")
-                worst = max(worst, err)
+                worst = max(worst, F.error_beside_float64(
+                    logits[k], ref, cases[f"ref64.end.{e}"][k], TOL, f"{name} end {e} draft {k}", failures))
         print(f"{name}: worst relative error {worst:.2e}")
     assert not failures, "\n".join(failures)
 
@@ -187,17 +160,7 @@ def test_the_chain_feeds_its_own_output_and_the_drafts(oracle):
 def broken(oracle, name: str, tag: str, config=None, tensors=None) -> tuple[Path, Path]:
     out, variants = oracle
     drafter, target = paths(out, name, variants[name])
-    dst = out / f"broken-{tag}"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(drafter, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
+    dst = F.broken_copy(drafter, out / f"broken-{tag}", tensors, config)
     return dst, (dst if variants[name]["format"] == "target" else target)
 
 
@@ -270,7 +233,8 @@ def replayed(tmp_path_factory):
     spec.write_text(json.dumps({"target": str(target_dir), "prompt_len": PROMPT_LEN,
                                 "max_new_tokens": NEW_TOKENS, "prompts": prompts,
                                 "block": block, "train_steps": 12}))
-    ref = json.loads(run_reference("replay", str(spec)).stdout.strip().splitlines()[-1])
+    r = F.run_oracle_script("mtp_reference.py", "replay", str(spec))
+    ref = json.loads(r.stdout.strip().splitlines()[-1])
     ours = F.run_replay(["replay", "--drafter", "mtp", "--target_checkpoint", str(target_dir),
                          "--tokens_file", str(F.write_json(root / "prompts.json", prompts)),
                          "--max_new_tokens", str(NEW_TOKENS), "--block", str(block),

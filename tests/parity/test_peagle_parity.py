@@ -24,12 +24,8 @@ project's)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +35,6 @@ from safetensors.torch import load_file, save_file
 import dflash_fixtures as F
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 TOL = 1e-5
 LENGTH = 10
 DRAFTS = 5  # per block: the anchor row's draft and 4 future slots
@@ -99,31 +94,18 @@ def random_variants(seed: int, n: int) -> dict:
     return out
 
 
-def run_reference(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ORACLES), TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(Path(__file__).parent / "peagle_reference.py"), *args],
-                       capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
-
-
 def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
     return F.eagle_draft(drafter, cases, ends, DRAFTS + 1, out, *extra)
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "speculators").is_dir() or not (ORACLES / "specforge").is_dir():
-        pytest.fail("speculators / specforge are not in .venv/trainer-oracles (scripts/setup.sh "
-                    "installs requirements-trainers.txt there)", pytrace=False)
+    F.require_oracles("speculators", "specforge")
     out = tmp_path_factory.mktemp("peagle")
-    seed = int(os.environ.get("SPECWIRE_PEAGLE_SEED", time.strftime("%Y%m%d")))
-    print(f"peagle random variants: seed {seed} (SPECWIRE_PEAGLE_SEED={seed} repeats them)")
-    variants = {**VARIANTS, **random_variants(seed, 6)}
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"out": str(out), "variants": variants, "length": LENGTH,
-                                "drafts": DRAFTS, "seed": seed}))
-    run_reference(str(spec))
+    seed, variants = F.seeded_variants("peagle", VARIANTS, random_variants, 6)
+    spec = F.write_json(out / "spec.json", {"out": str(out), "variants": variants,
+                                            "length": LENGTH, "drafts": DRAFTS, "seed": seed})
+    F.run_oracle_script("peagle_reference.py", str(spec))
     return out, variants
 
 
@@ -140,18 +122,8 @@ def test_forward_matches_the_reference_packages(oracle):
             assert logits.shape == (DRAFTS, v["draft_vocab"]), (name, logits.shape)
             for k in range(DRAFTS):
                 ref = cases[f"ref.end.{e}"][k]
-                err = ((logits[k] - ref).norm() / ref.norm()).item()
-                if err > TOL:
-                    exact = cases[f"ref64.end.{e}"][k]
-                    ours = ((logits[k].double() - exact).norm() / exact.norm()).item()
-                    theirs = ((ref.double() - exact).norm() / exact.norm()).item()
-                    if ours <= 1.5 * theirs + 1e-6:
-                        err = 0.0
-                    else:
-                        failures.append(f"{name} end {e} draft {k}: {err:.3e} from the "
-                                        f"reference; from float64 ours {ours:.3e}, the "
-                                        f"reference's {theirs:.3e}")
-                worst = max(worst, err)
+                worst = max(worst, F.error_beside_float64(
+                    logits[k], ref, cases[f"ref64.end.{e}"][k], TOL, f"{name} end {e} draft {k}", failures))
         print(f"{name}: worst relative error {worst:.2e}")
     assert not failures, "\n".join(failures)
 
@@ -189,17 +161,7 @@ def test_the_future_slots_depend_on_mask_hidden_and_the_window(oracle):
 
 def broken(oracle, name: str, tag: str, config=None, tensors=None) -> Path:
     out, _ = oracle
-    dst = out / f"broken-{tag}"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(out / name, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
+    dst = F.broken_copy(out / name, out / f"broken-{tag}", tensors, config)
     return dst
 
 
@@ -261,7 +223,8 @@ def replayed(tmp_path_factory):
         "data": str(root / "data.safetensors"), "target": str(target_dir), "out": str(drafter),
         "prompt_len": PROMPT_LEN, "max_new_tokens": NEW_TOKENS, "block": block,
         "train_steps": 150, "aux_ids": aux_ids, "mask_token_id": 499}))
-    ref = json.loads(run_reference("replay", str(spec)).stdout.strip().splitlines()[-1])
+    r = F.run_oracle_script("peagle_reference.py", "replay", str(spec))
+    ref = json.loads(r.stdout.strip().splitlines()[-1])
     ours = F.run_replay(["replay", "--drafter", str(drafter), "--target_checkpoint",
                          str(target_dir), "--tokens_file",
                          str(F.write_json(root / "prompts.json", prompts)),

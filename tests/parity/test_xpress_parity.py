@@ -11,20 +11,14 @@ Seeded random variants are added every day (SPECWIRE_XPRESS_SEED repeats a run).
 checkpoints are refused naming the file and key or tensor."""
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import dflash_fixtures as F
 
-REPO = Path(__file__).resolve().parents[2]
-ORACLES = REPO / ".venv" / "trainer-oracles"
 CONTEXT = 9
 TOL = 1e-5
 
@@ -57,37 +51,18 @@ def random_variants(seed: int, n: int) -> dict:
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if not (ORACLES / "speculators").is_dir():
-        pytest.fail("speculators is not in .venv/trainer-oracles (scripts/setup.sh)",
-                    pytrace=False)
+    F.require_oracles("speculators")
     return F.block_family_oracle(tmp_path_factory.mktemp("xpress"), "xpress",
                                  "xpress_reference.py", VARIANTS, random_variants, CONTEXT)
 
 
 def draft(oracle: dict, name: str, drafter: Path, greedy: bool = False):
-    """specwire's block after the case's context: teacher-forced by the case's tokens, or (greedy)
-    with the tokens after the anchor unknown (−1), so the block feeds its own drafts."""
     v = oracle["variants"][name]
-    c = load_file(str(oracle["root"] / "out" / f"{name}.cases.safetensors"))
-    tokens = c["case.0.tokens"].clone()
-    if greedy:
-        tokens[CONTEXT + 1:] = -1
-    length = v["block"] + (1 if v["sample_from_anchor"] else 0)
-    tag = f"{drafter.name}{'-greedy' if greedy else ''}"
-    inp = oracle["root"] / f"{tag}.in.safetensors"
-    save_file({"case.0.features": c["case.0.features"], "case.0.tokens": tokens.contiguous()},
-              str(inp), metadata={"cases": json.dumps(
-                  [{"steps": [{"context_end": CONTEXT, "len": length}]}])})
-    res = oracle["root"] / f"{tag}.out.safetensors"
-    r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
-                        f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
-                        f"--out={res}", "--threads=1"], capture_output=True, text=True,
-                       timeout=300)
-    return r, c, (load_file(str(res)) if r.returncode == 0 else None)
+    return F.block_draft(oracle, name, drafter, v["block"] + (1 if v["sample_from_anchor"] else 0),
+                         CONTEXT, greedy)
 
 
-def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got - ref).norm() / ref.norm()).item()
+relative = F.relative
 
 
 def test_teacher_forced_logits_match_speculators(oracle):
@@ -122,15 +97,13 @@ def test_the_refiner_changes_the_drafts(oracle):
     """The comparison has power: the same checkpoint read as plain DFlash (the refiner's
     tensors dropped, speculators_model_type dflash) drafts other logits."""
     root = oracle["root"]
-    dst = root / "fill-in-as-dflash"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(root / "out" / "fill-in", dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["speculators_model_type"] = "dflash"
-    (dst / "config.json").write_text(json.dumps(cfg))
-    t = load_file(str(dst / "model.safetensors"))
-    save_file({k: x for k, x in t.items() if not k.startswith("refiner_head.")},
-              str(dst / "model.safetensors"))
+
+    def drop_refiner(t):
+        for k in [k for k in t if k.startswith("refiner_head.")]:
+            del t[k]
+
+    dst = F.broken_copy(root / "out" / "fill-in", root / "fill-in-as-dflash", drop_refiner,
+                        lambda c: c.update(speculators_model_type="dflash"))
     r, c, got = draft(oracle, "fill-in", dst)
     assert r.returncode == 0, r.stderr[-2000:]
     head = got.get("case.0.step.0.head_logits", got["case.0.step.0.logits"])
@@ -152,17 +125,7 @@ BAD = {
 def test_bad_checkpoints_are_refused_by_name(oracle, case):
     tensors, config, words = BAD[case]
     root = oracle["root"]
-    dst = root / f"broken-{case}"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(root / "out" / "fill-in", dst)
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
+    dst = F.broken_copy(root / "out" / "fill-in", root / f"broken-{case}", tensors, config)
     r, _, _ = draft(oracle, "fill-in", dst)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     for w in words:

@@ -1002,6 +1002,9 @@ std::unique_ptr<BlockDrafter> MakeBlockDrafter(const DFlashDrafter* drafter) {
   return std::make_unique<DFlashBlockDrafter>(drafter);
 }
 
+namespace {
+
+// The DrafterSpec fields every family on this backbone shares with DFlash.
 DrafterSpec BackboneSpec(const DFlashDrafter& drafter, const std::string& dir,
                          std::string config_json) {
   const DrafterConfig& c = drafter.config();
@@ -1023,6 +1026,38 @@ DrafterSpec BackboneSpec(const DFlashDrafter& drafter, const std::string& dir,
   s.dtype = ScalarTypeName(drafter.dtype());
   s.device = drafter.device().str();
   return s;
+}
+
+class HeadsFamilyDrafter : public Drafter {
+ public:
+  HeadsFamilyDrafter(std::unique_ptr<BackboneHeads> heads, DrafterSpec spec)
+      : heads_(std::move(heads)), spec_(std::move(spec)) {}
+  const DrafterSpec& spec() const override { return spec_; }
+  at::ScalarType dtype() const override { return heads_->backbone().dtype(); }
+  const at::Device& device() const override { return heads_->backbone().device(); }
+  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
+    return heads_->SetTargetHead(embed_tokens, lm_head);
+  }
+  std::unique_ptr<BlockDrafter> Chain() override { return MakeHeadsBlockDrafter(heads_.get()); }
+
+ private:
+  std::unique_ptr<BackboneHeads> heads_;
+  DrafterSpec spec_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Drafter>> MakeHeadsFamilyDrafter(
+    const std::string& dir, absl::StatusOr<std::unique_ptr<BackboneHeads>> heads,
+    std::string method, std::string format, std::string tree) {
+  if (!heads.ok()) return heads.status();
+  SW_ASSIGN_OR_RETURN(std::string config_json, ReadDrafterConfigText(dir));
+  DrafterSpec spec = BackboneSpec((*heads)->backbone(), dir, std::move(config_json));
+  spec.method = std::move(method);
+  spec.format = std::move(format);
+  spec.tree = std::move(tree);
+  spec.block_size = (*heads)->block_size();
+  return std::unique_ptr<Drafter>(new HeadsFamilyDrafter(*std::move(heads), std::move(spec)));
 }
 
 namespace {

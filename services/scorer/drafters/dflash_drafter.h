@@ -208,6 +208,9 @@ class BackboneHeads {
   };
   virtual ~BackboneHeads() = default;
   virtual const DFlashDrafter& backbone() const = 0;
+  // The target's embedding and lm_head for the backbone, and for heads that read them
+  // (Drafter::SetTargetHead's contract).
+  virtual absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) = 0;
   // Block slots a block of len positions (the anchor and len − 1 drafts) runs.
   virtual int64_t Slots(int64_t len) const = 0;
   virtual int32_t block_size() const = 0;
@@ -227,10 +230,13 @@ class BackboneHeads {
 // "confidence" (when the heads predict one).
 std::unique_ptr<BlockDrafter> MakeHeadsBlockDrafter(const BackboneHeads* heads);
 
-// The DrafterSpec fields every family on this backbone shares with DFlash (method, format, tree
-// and, where it differs, block_size are the family's to set).
-DrafterSpec BackboneSpec(const DFlashDrafter& drafter, const std::string& dir,
-                         std::string config_json);
+// A family on this backbone as a Drafter, from its loaded heads (the load's error passes
+// through): the DrafterSpec fields it shares with DFlash, the heads' block_size, and the family's
+// method, format and tree (kTreeDDTree, or "" where positions condition on the drafts before
+// them).
+absl::StatusOr<std::unique_ptr<Drafter>> MakeHeadsFamilyDrafter(
+    const std::string& dir, absl::StatusOr<std::unique_ptr<BackboneHeads>> heads,
+    std::string method, std::string format, std::string tree);
 
 // The family rows (registry.h): DFlash, and DFlash2 (DFlash's drafter with its convolutions and
 // selector switched on).

@@ -105,8 +105,14 @@ class DominoDrafter : public BackboneHeads {
   }
 
   const DFlashDrafter& backbone() const override { return *backbone_; }
-  DFlashDrafter& backbone() { return *backbone_; }
-  void set_embedding(const at::Tensor& e) { embed_ = e.to(backbone_->device(), backbone_->dtype()); }
+  // The GRU reads the target's embedding of the tokens before each position.
+  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
+    SW_RETURN_IF_ERROR(backbone_->SetTargetHead(embed_tokens, lm_head));
+    return RunGuarded("setting the target embedding", [&]() -> absl::Status {
+      embed_ = embed_tokens.to(backbone_->device(), backbone_->dtype());
+      return absl::OkStatus();
+    });
+  }
   int64_t Slots(int64_t len) const override { return len; }
   int32_t block_size() const override { return backbone_->config().block_size; }
   bool conditions_on_drafts() const override { return true; }  // the GRU reads the drafts
@@ -159,35 +165,6 @@ class DominoDrafter : public BackboneHeads {
   at::Tensor embed_;  // the target's embedding (the GRU's inputs)
 };
 
-class DominoFamilyDrafter : public Drafter {
- public:
-  DominoFamilyDrafter(std::unique_ptr<DominoDrafter> drafter, const std::string& dir,
-                      std::string config_json)
-      : drafter_(std::move(drafter)) {
-    spec_ = BackboneSpec(drafter_->backbone(), dir, std::move(config_json));
-    spec_.method = "domino";
-    spec_.format = "specforge";
-    spec_.tree = "";  // its positions condition on the drafts before them
-  }
-  const DrafterSpec& spec() const override { return spec_; }
-  at::ScalarType dtype() const override { return drafter_->backbone().dtype(); }
-  const at::Device& device() const override { return drafter_->backbone().device(); }
-  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
-    SW_RETURN_IF_ERROR(drafter_->backbone().SetTargetHead(embed_tokens, lm_head));
-    return RunGuarded("setting the target embedding", [&]() -> absl::Status {
-      drafter_->set_embedding(embed_tokens);
-      return absl::OkStatus();
-    });
-  }
-  std::unique_ptr<BlockDrafter> Chain() override {
-    return MakeHeadsBlockDrafter(drafter_.get());
-  }
-
- private:
-  std::unique_ptr<DominoDrafter> drafter_;
-  DrafterSpec spec_;
-};
-
 absl::StatusOr<std::optional<std::string>> DetectDomino(const json& config, const std::string&) {
   if (config.contains("speculators_model_type")) return std::optional<std::string>();
   bool named = config.contains("dflash_config") && config["dflash_config"].is_object() &&
@@ -201,7 +178,9 @@ absl::StatusOr<std::optional<std::string>> DetectDomino(const json& config, cons
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDominoFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  return MakeFamilyDrafter<DominoFamilyDrafter>(dir, DominoDrafter::Load(dir, dtype, device));
+  // Its positions condition on the drafts before them: no tree.
+  return MakeHeadsFamilyDrafter(dir, DominoDrafter::Load(dir, dtype, device), "domino",
+                                "specforge", "");
 }
 
 }  // namespace

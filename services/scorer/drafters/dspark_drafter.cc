@@ -206,33 +206,6 @@ DSparkDrafter::Block DSparkDrafter::Heads(const at::Tensor& slots, int64_t ancho
 
 namespace {
 
-class DSparkFamilyDrafter : public Drafter {
- public:
-  DSparkFamilyDrafter(std::unique_ptr<DSparkDrafter> drafter, const std::string& dir,
-                      std::string config_json)
-      : drafter_(std::move(drafter)) {
-    spec_ = BackboneSpec(drafter_->backbone(), dir, std::move(config_json));
-    spec_.method = "dspark";
-    spec_.format = drafter_->format();
-    // Without a Markov head the positions are DFlash's independent marginals: DDTree applies.
-    spec_.tree = drafter_->config().markov_rank > 0 ? "" : kTreeDDTree;
-    spec_.block_size = drafter_->block_size();
-  }
-  const DrafterSpec& spec() const override { return spec_; }
-  at::ScalarType dtype() const override { return drafter_->backbone().dtype(); }
-  const at::Device& device() const override { return drafter_->backbone().device(); }
-  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
-    return drafter_->backbone().SetTargetHead(embed_tokens, lm_head);
-  }
-  std::unique_ptr<BlockDrafter> Chain() override {
-    return MakeHeadsBlockDrafter(drafter_.get());
-  }
-
- private:
-  std::unique_ptr<DSparkDrafter> drafter_;
-  DrafterSpec spec_;
-};
-
 absl::StatusOr<std::optional<std::string>> DetectDSpark(const json& config, const std::string&) {
   if (config.contains("speculators_model_type")) {
     return config["speculators_model_type"] == "dspark"
@@ -254,7 +227,11 @@ absl::StatusOr<std::optional<std::string>> DetectDSpark(const json& config, cons
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDSparkFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  return MakeFamilyDrafter<DSparkFamilyDrafter>(dir, DSparkDrafter::Load(dir, dtype, device));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<DSparkDrafter> d, DSparkDrafter::Load(dir, dtype, device));
+  std::string format = d->format();
+  // Without a Markov head the positions are DFlash's independent marginals: DDTree applies.
+  std::string tree = d->config().markov_rank > 0 ? "" : kTreeDDTree;
+  return MakeHeadsFamilyDrafter(dir, std::move(d), "dspark", std::move(format), std::move(tree));
 }
 
 }  // namespace

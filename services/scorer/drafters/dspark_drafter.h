@@ -63,7 +63,9 @@ class DSparkDrafter : public BackboneHeads {
                                                              const at::Device& device);
 
   const DFlashDrafter& backbone() const override { return *backbone_; }
-  DFlashDrafter& backbone() { return *backbone_; }
+  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
+    return backbone_->SetTargetHead(embed_tokens, lm_head);
+  }
   const DSparkConfig& config() const { return config_; }
   const std::string& format() const { return format_; }
   // BackboneHeads (dflash_drafter.h): the slots of a block (len − 1 with sample_from_anchor),

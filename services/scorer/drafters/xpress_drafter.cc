@@ -93,7 +93,9 @@ class XPressDrafter : public BackboneHeads {
   }
 
   const DFlashDrafter& backbone() const override { return *backbone_; }
-  DFlashDrafter& backbone() { return *backbone_; }
+  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
+    return backbone_->SetTargetHead(embed_tokens, lm_head);
+  }
   bool from_anchor() const { return backbone_->config().sample_from_anchor; }
   int64_t Slots(int64_t len) const override { return from_anchor() ? len - 1 : len; }
   int32_t block_size() const override {
@@ -158,32 +160,6 @@ class XPressDrafter : public BackboneHeads {
   at::Tensor token_embed_, down_h_, down_g_, in_proj_, mix_l_, gate_, up_, down_, readout_;
 };
 
-class XPressFamilyDrafter : public Drafter {
- public:
-  XPressFamilyDrafter(std::unique_ptr<XPressDrafter> drafter, const std::string& dir,
-                      std::string config_json)
-      : drafter_(std::move(drafter)) {
-    spec_ = BackboneSpec(drafter_->backbone(), dir, std::move(config_json));
-    spec_.method = "xpress";
-    spec_.format = "speculators";
-    spec_.tree = "";  // its positions condition on the drafts before them
-    spec_.block_size = drafter_->block_size();
-  }
-  const DrafterSpec& spec() const override { return spec_; }
-  at::ScalarType dtype() const override { return drafter_->backbone().dtype(); }
-  const at::Device& device() const override { return drafter_->backbone().device(); }
-  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override {
-    return drafter_->backbone().SetTargetHead(embed_tokens, lm_head);
-  }
-  std::unique_ptr<BlockDrafter> Chain() override {
-    return MakeHeadsBlockDrafter(drafter_.get());
-  }
-
- private:
-  std::unique_ptr<XPressDrafter> drafter_;
-  DrafterSpec spec_;
-};
-
 absl::StatusOr<std::optional<std::string>> DetectXPress(const json& config, const std::string&) {
   if (config.contains("speculators_model_type") && config["speculators_model_type"] == "xpress") {
     return std::optional<std::string>("speculators");
@@ -194,7 +170,9 @@ absl::StatusOr<std::optional<std::string>> DetectXPress(const json& config, cons
 absl::StatusOr<std::unique_ptr<Drafter>> LoadXPressFamily(const std::string& dir,
                                                           const std::string&, at::ScalarType dtype,
                                                           const at::Device& device) {
-  return MakeFamilyDrafter<XPressFamilyDrafter>(dir, XPressDrafter::Load(dir, dtype, device));
+  // Its positions condition on the drafts before them: no tree.
+  return MakeHeadsFamilyDrafter(dir, XPressDrafter::Load(dir, dtype, device), "xpress",
+                                "speculators", "");
 }
 
 }  // namespace
