@@ -28,6 +28,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -38,6 +39,7 @@
 #include "clients/cpp/scorer_connection_flags.h"
 #include "common/checkpoint.h"
 #include "common/command_line.h"
+#include "common/digest.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/security.h"
 #include "common/status.h"
@@ -308,6 +310,16 @@ ScoreReport NewReport(const ScoreSpec& spec) {
   r.capacity.drafter_cost = absl::GetFlag(FLAGS_plan_drafter_cost);
   r.capacity.verify_cost_per_token = absl::GetFlag(FLAGS_plan_verify_cost_per_token);
   r.capacity.autoregressive = absl::GetFlag(FLAGS_plan_autoregressive);
+  // Digests of the inputs visible from here (through a scorer, its host's files may not be).
+  const std::string prompts_path = !spec.dataset_path.empty()
+                                       ? spec.dataset_path
+                                       : absl::GetFlag(FLAGS_prompts_file);
+  if (!prompts_path.empty()) {
+    if (auto text = ReadFileToString(prompts_path); text.ok()) {
+      r.inputs.dataset_digest = DigestBytes(std::as_bytes(std::span(*text)));
+    }
+  }
+  if (auto d = CheckpointDigest(spec.drafter_path); d.ok()) r.inputs.drafter_digest = *d;
   return r;
 }
 

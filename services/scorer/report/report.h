@@ -13,6 +13,13 @@
 
 namespace specwire {
 
+// What a report's numbers came from beyond the contract: digests of the inputs this side could
+// read (empty where it could not: a dataset on the scorer's host).
+struct ReportInputs {
+  std::string dataset_digest;  // of --dataset or --prompts_file, xxh3-128 of its bytes
+  std::string drafter_digest;  // CheckpointDigest of the drafter directory (config + weights)
+};
+
 struct ScoreReport {
   std::string mode;                     // "in-process" (extractors called directly) | "scorer"
   std::string endpoint;                 // the scorer's address, or the extractor spec
@@ -33,6 +40,7 @@ struct ScoreReport {
   AcceptanceSummary summary;
   CapacityOptions capacity;  // the cost model of the capacity plan
   std::string chat_template_record;  // the prompts' (canonical JSON), "" when none
+  ReportInputs inputs;
   double seconds = 0;
   std::string created;  // UTC, ISO 8601
 };
