@@ -312,7 +312,10 @@ def test_cli_on_recorded_directory(tmp_path):
 # The engine driven through its OpenAI API (a stand-in server on loopback that answers with the
 # recorded responses and counters).
 
-def test_drive_openai_against_a_stand_in(tmp_path):
+@pytest.fixture
+def stand_in():
+    """(base URL, state): answers /v1/completions with t0's recorded responses in order and
+    /metrics with its recorded scrapes (before until the first request, after from then on)."""
     d = RECORDED / "t0"
     responses = [json.loads(x) for x in (d / "responses.jsonl").read_text().splitlines()]
     state = {"served": 0, "bodies": []}
@@ -342,17 +345,41 @@ def test_drive_openai_against_a_stand_in(tmp_path):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
-    try:
-        prompts = recorded_prompts("t0")
-        sv.drive_openai(f"http://127.0.0.1:{httpd.server_address[1]}", "models/tiny-qwen3",
-                        prompts, max_tokens=48, ignore_eos=True, out_dir=tmp_path)
-    finally:
-        httpd.shutdown()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+    httpd.shutdown()
+
+
+def test_drive_openai_against_a_stand_in(tmp_path, stand_in):
+    url, state = stand_in
+    prompts = recorded_prompts("t0")
+    sv.drive_openai(url, "models/tiny-qwen3", prompts, max_tokens=48, ignore_eos=True,
+                    out_dir=tmp_path)
     assert [b["prompt"] for b in state["bodies"]] == prompts
     assert all(b["max_tokens"] == 48 and b["temperature"] == 0 and b["ignore_eos"]
                for b in state["bodies"])
     got = sv.read_served(metrics_after=tmp_path / "metrics_after.prom",
                          metrics_before=tmp_path / "metrics_before.prom",
                          requests=tmp_path / "responses.jsonl")
+    d = RECORDED / "t0"
     assert got.accepted_per_pos == sv.read_served(requests=d / "responses.jsonl").accepted_per_pos
     assert json.loads((tmp_path / "prompts.json").read_text()) == prompts
+
+
+def test_cli_drive_mode(tmp_path, stand_in):
+    import subprocess
+    import sys
+    url, state = stand_in
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(recorded_prompts("t0")))
+    p = subprocess.run([sys.executable, "-m", "specwire_client.reconcile", "--drive", url,
+                        "--served_model", "models/tiny-qwen3", "--prompts", str(prompts),
+                        "--max_tokens", "48", "--served", str(tmp_path / "run"),
+                        "--drafter", str(DRAFTER), "--target", str(TARGET),
+                        "--replay", str(replay_bin()), "--bootstrap_resamples", "50"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "verdict: identical" in p.stdout and state["served"] == 24
+    p = subprocess.run([sys.executable, "-m", "specwire_client.reconcile", "--drive", url,
+                        "--drafter", str(DRAFTER), "--target", str(TARGET)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--drive needs --prompts" in p.stderr

@@ -639,7 +639,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specwire_client.reconcile",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--served", help="a directory as drive_openai writes it (metrics_before.prom, "
-                    "metrics_after.prom, responses.jsonl, settings.json, prompts.json)")
+                    "metrics_after.prom, responses.jsonl, settings.json, prompts.json); with "
+                    "--drive, where the run is recorded")
+    ap.add_argument("--drive", metavar="URL", help="drive the engine first: send --prompts to "
+                    "URL/v1/completions (OpenAI-compatible), scraping URL/metrics before and after")
+    ap.add_argument("--served_model", help="with --drive: the model name the engine serves")
+    ap.add_argument("--top_p", type=float, default=1.0, help="with --drive")
+    ap.add_argument("--top_k", type=int, default=-1, help="with --drive")
     ap.add_argument("--metrics_after", help="the engine's /metrics text after the requests")
     ap.add_argument("--metrics_before", help="... and before them (omit for a fresh engine)")
     ap.add_argument("--requests", help="per-request records (JSONL, in prompt order)")
@@ -661,6 +667,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--html")
     a = ap.parse_args(argv)
+    if a.drive:
+        if not (a.prompts and a.max_tokens and a.served_model and a.served):
+            ap.error("--drive needs --prompts, --max_tokens, --served_model and --served (the "
+                     "directory the run is recorded in)")
+        from .served import drive_openai
+        try:
+            drive_openai(a.drive, a.served_model, json.loads(Path(a.prompts).read_text()),
+                         max_tokens=a.max_tokens, temperature=a.temperature or 0.0,
+                         top_p=a.top_p, top_k=a.top_k, seed=a.seed,
+                         ignore_eos=not a.stop_at_eos, out_dir=a.served)
+        except (RuntimeError, OSError, ValueError) as e:
+            print(f"reconcile: --drive {a.drive}: {e}", file=sys.stderr)
+            return 2
     files: dict[str, Any] = _read_dir(Path(a.served)) if a.served else {}
     for key in ("metrics_after", "metrics_before", "requests"):
         if getattr(a, key):
