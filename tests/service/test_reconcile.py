@@ -270,6 +270,25 @@ def test_recorded_vllm_broken_aux_ids_named():
     assert named.verdict == "identical" and named.exact_steps == 24
 
 
+def test_recorded_vllm_dflash_differs_and_no_cause_is_claimed():
+    """vLLM's DFlash path on the same pair: acceptance below specwire's replay (it feeds the last
+    layer before the final norm, among other differences); no single known cause reproduces
+    its steps, and the diagnosis says so rather than naming the nearest one."""
+    d = RECORDED / "t0-dflash"
+    served = sv.read_served(metrics_after=d / "metrics_after.prom",
+                            metrics_before=d / "metrics_before.prom",
+                            requests=d / "responses.jsonl")
+    assert served.k == 15
+    r = rc.reconcile(served, REPO / "models" / "tiny-qwen3-dflash", TARGET,
+                     recorded_prompts("t0-dflash"), max_tokens=48, replay=replay_bin(),
+                     resamples=200)
+    assert r.primary.verdict == "differ"
+    assert r.diagnosis.startswith("no single known cause: none reproduces the served steps")
+    tried = {h.label: h for h in r.hypotheses}
+    assert "last layer before the final norm" in tried and "layer order reversed" in tried
+    assert all(h.verdict != "identical" for h in r.hypotheses)
+
+
 def test_recorded_vllm_t1_within_live_loop_interval(server_factory):
     d = RECORDED / "t1"
     served = sv.read_served(requests=d / "responses.jsonl")
@@ -383,3 +402,24 @@ def test_cli_drive_mode(tmp_path, stand_in):
                         "--drafter", str(DRAFTER), "--target", str(TARGET)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--drive needs --prompts" in p.stderr
+
+
+def test_replay_last_layer_state_flag(tmp_path):
+    """specwire-replay --last_layer_state scores a drafter as another stack feeds it; a bad value
+    is refused naming the flag."""
+    import subprocess
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(recorded_prompts("t0")[:2]))
+    base = [str(replay_bin()), "replay", "--drafter", str(REPO / "models" / "tiny-qwen3-dflash"),
+            "--target_checkpoint", str(TARGET), "--tokens_file", str(prompts),
+            "--max_new_tokens=24", "--ddtree=none", "--dtype=float32"]
+    runs = {}
+    for v in ("family", "final_norm", "layer"):
+        p = subprocess.run(base + [f"--last_layer_state={v}"], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        runs[v] = [r["step_lengths"] for r in json.loads(p.stdout)["responses"]]
+    assert runs["family"] == runs["final_norm"] != runs["layer"]  # z-lab DFlash: post-norm
+    p = subprocess.run(base + ["--last_layer_state=pre"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "--last_layer_state" in p.stderr

@@ -27,7 +27,9 @@ step equal, or every count where only counters exist), agree (every difference's
 0), differ.
 
 Diagnosis: each known cause is made and scored — the drafter's layer ids all off by −1 / +1 (the
-convention mix-up between stacks) or one of them off by one (the last layer counted from 0), a
+convention mix-up between stacks) or one of them off by one (the last layer counted from 0), the
+last layer's state read before where it was trained after the final norm or the reverse
+(pre/post-norm), a
 DFlash layer list in reverse order (EAGLE-3's aux states are concatenated in layer order by every
 stack, whatever the config says), its draft-vocabulary map ignored, the target and drafter in bfloat16, the final step clipped at the budget; with an
 extractor, the sampling rule (greedy vs the served temperature, drafts sampled vs argmax) — and
@@ -58,7 +60,8 @@ from .served import (ServedAcceptance, ServedFormatError, ServedRequest, complet
 REPO = Path(__file__).resolve().parents[3]
 REPLAY = REPO / "build" / "services" / "scorer" / "specwire-replay"
 SCORE = REPO / "build" / "services" / "scorer" / "specwire-score"
-LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "target_layer_ids")
+LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids",
+                 "target_layer_ids")
 
 
 def engine_steps(step_lengths: Sequence[int], max_tokens: int, *,
@@ -112,7 +115,7 @@ def _run(cmd: Sequence[str], what: str, timeout: float) -> str:
 
 def replay_run(drafter: Union[str, Path], target: Union[str, Path],
                prompts: Sequence[Sequence[int]], *, max_tokens: int, k: int,
-               ignore_eos: bool = True, dtype: str = "float32",
+               ignore_eos: bool = True, dtype: str = "float32", extra: Sequence[str] = (),
                replay: Union[str, Path] = REPLAY, timeout: float = 1800) -> tuple[
                    list[list[int]], list[list[int]]]:
     """specwire-replay's greedy replay over max_tokens + k tokens: (step lengths, completion)
@@ -125,7 +128,7 @@ def replay_run(drafter: Union[str, Path], target: Union[str, Path],
                "--ddtree=none", f"--dtype={dtype}"]
         if ignore_eos:
             cmd.append("--ignore_model_eos")
-        out = json.loads(_run(cmd, "specwire-replay", timeout))
+        out = json.loads(_run([*cmd, *extra], "specwire-replay", timeout))
     return ([list(r["step_lengths"]) for r in out["responses"]],
             [list(r["completion"]) for r in out["responses"]])
 
@@ -361,9 +364,11 @@ def hypotheses(drafter: Union[str, Path], target: Union[str, Path],
     L = _num_layers(target)
     out: list[Hypothesis] = []
 
-    def greedy(d: Path, label: str, dtype: str = "float32", clip: bool = False) -> CanonicalRun:
+    def greedy(d: Path, label: str, dtype: str = "float32", clip: bool = False,
+               extra: Sequence[str] = ()) -> CanonicalRun:
         steps, completions = replay_run(d, target, prompts, max_tokens=max_tokens, k=k,
-                                        ignore_eos=ignore_eos, dtype=dtype, replay=replay)
+                                        ignore_eos=ignore_eos, dtype=dtype, extra=extra,
+                                        replay=replay)
         return CanonicalRun(label, [engine_steps(s, max_tokens, clip_final=clip) for s in steps],
                             [c[:max_tokens] for c in completions])
 
@@ -398,9 +403,11 @@ def hypotheses(drafter: Union[str, Path], target: Union[str, Path],
             variants.append(("layer order reversed", ids[::-1],
                              "the engine concatenates the target layers in reverse order"))
         seen = {tuple(ids)}
+        # speculators' ids are hidden-state indices (1..L), z-lab's and SpecForge's layer
+        # outputs (0..L-1).
+        hf_indices = "speculators_model_type" in cfg
+        lo, hi = (1, L) if hf_indices else (0, L - 1)
         for name, new, why in variants:
-            lo = 1 if key == "eagle_aux_hidden_state_layer_ids" else 0
-            hi = L if key == "eagle_aux_hidden_state_layer_ids" else L - 1
             if tuple(new) in seen or len(set(new)) != len(new) or not all(
                     lo <= i <= hi for i in new):
                 continue
@@ -423,6 +430,21 @@ def hypotheses(drafter: Union[str, Path], target: Union[str, Path],
                               "the engine reads the drafter's draft-vocabulary ids as target ids "
                               "(d2t not applied)",
                               lambda d=d: scored(d, "draft vocabulary map ignored")))
+    if temperature == 0 and ids:
+        # The state the id of the last layer reads: z-lab's DFlash reads it after the final norm
+        # (transformers' hidden_states[L]), EAGLE-3 and speculators' formats the layer's own
+        # output (vLLM's capture); an engine feeding the other one is a known cause.
+        zlab = key == "target_layer_ids" and "speculators_model_type" not in cfg
+        if hi in ids:
+            other = "layer" if zlab else "final_norm"
+            name = ("last layer before the final norm" if zlab
+                    else "last layer after the final norm")
+            out.append(Hypothesis(
+                name, f"the engine feeds the last target layer's state "
+                f"{'before' if zlab else 'after'} the final norm where the drafter was trained "
+                f"on it {'after' if zlab else 'before'} (pre/post-norm)",
+                lambda name=name, other=other: greedy(drafter, name,
+                                                      extra=[f"--last_layer_state={other}"])))
     if temperature == 0:
         out.append(Hypothesis("bfloat16 numerics",
                               "the engine ran the target and drafter in bfloat16 where the "
@@ -606,20 +628,35 @@ def _diagnose(primary: Comparison, tried: Sequence[Comparison], checks: Sequence
         return "served = canonical: every verify step the same"
     if primary.verdict == "agree":
         return "served and canonical agree within their intervals"
-    fits = sorted((h for h in tried if h.verdict in ("identical", "agree")),
-                  key=lambda h: (h.verdict != "identical", h.distance))
-    if fits:
+    if not tried:
+        return "served and canonical differ; no hypotheses were tried (diagnose never)"
+    exact = [h for h in tried if h.verdict == "identical"]
+    head = (f"canonical AL {primary.canonical['al_pooled']:.3f}, served "
+            f"{primary.served['al_pooled']:.3f}")
+    if exact:
+        best = exact[0]
+        return (f"{best.label}: reproduces the served acceptance step for step ({head}, this "
+                f"cause {best.canonical['al_pooled']:.3f}): {best.explanation}")
+    fits = sorted((h for h in tried if h.verdict == "agree"), key=lambda h: h.distance)
+    near = min(tried, key=lambda h: h.distance)
+    # With the engine's own steps (greedy, per-step records) only an exact match is conclusive:
+    # a cause that merely lands inside the intervals is a candidate, not the answer.
+    conclusive_only_exact = primary.exact_steps is not None and not primary.label.startswith(
+        "live")
+    if len(fits) == 1 and not conclusive_only_exact:
         best = fits[0]
-        how = ("reproduces the served acceptance step for step" if best.verdict == "identical"
-               else "fits the served acceptance within every interval")
-        return (f"{best.label}: {how} (canonical AL {primary.canonical['al_pooled']:.3f}, "
-                f"served {primary.served['al_pooled']:.3f}, this cause "
-                f"{best.canonical['al_pooled']:.3f}): {best.explanation}")
-    if tried:
-        near = min(tried, key=lambda h: h.distance)
-        return (f"no known cause fits; nearest: {near.label} (distance {near.distance:.3f} "
-                f"against {primary.distance:.3f} for the canonical run)")
-    return "served and canonical differ; no hypotheses were tried (diagnose never)"
+        return (f"{best.label}: fits the served acceptance within every interval ({head}, this "
+                f"cause {best.canonical['al_pooled']:.3f}): {best.explanation}")
+    if fits:
+        names = ", ".join(h.label for h in fits)
+        why = ("none reproduces the served steps" if conclusive_only_exact
+               else "these prompts do not tell them apart")
+        return (f"no single known cause: {why} ({head}); within every interval: {names} "
+                f"(nearest {fits[0].label}, {fits[0].exact_steps}/{fits[0].requests} requests "
+                "step for step)" if fits[0].exact_steps is not None else
+                f"no single known cause: {why} ({head}); within every interval: {names}")
+    return (f"no known cause fits ({head}); nearest: {near.label} (distance {near.distance:.3f} "
+            f"against {primary.distance:.3f} for the canonical run)")
 
 
 def _read_dir(d: Path) -> dict[str, Any]:

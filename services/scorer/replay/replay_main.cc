@@ -94,6 +94,12 @@ ABSL_FLAG(std::string, cases, "",
           "draft / features: safetensors with case.{i}.* tensors and metadata \"cases\"; "
           "ddtree: JSON {\"budgets\": [...], \"cases\": [{\"log_probs\", \"truth\"}]}.");
 ABSL_FLAG(std::string, out, "", "draft: output safetensors.");
+ABSL_FLAG(std::string, last_layer_state, "family",
+          "replay: which state the drafter's id of the target's last layer reads: "
+          "family (its family's convention: after the final norm for z-lab's DFlash, as "
+          "transformers' hidden_states[L]; the layer's own output for EAGLE-3 and speculators' "
+          "formats), final_norm, or layer (before the norm, as vLLM's capture) — to score a "
+          "drafter as another stack feeds it.");
 ABSL_FLAG(int32_t, bootstrap_resamples, 1000, "features: bootstrap resamples of the intervals.");
 ABSL_FLAG(uint64_t, bootstrap_seed, 0, "features: bootstrap seed.");
 
@@ -207,6 +213,17 @@ absl::StatusOr<Models> LoadModels(bool need_target) {
   return m;
 }
 
+// Whether the drafter's id of the target's last layer reads the final norm's output: its family's
+// convention unless --last_layer_state overrides it.
+absl::StatusOr<bool> LastLayerIsFinalNorm(const DrafterSpec& drafter) {
+  const std::string v = absl::GetFlag(FLAGS_last_layer_state);
+  if (v == "family") return drafter.last_layer_is_final_norm;
+  if (v == "final_norm") return true;
+  if (v == "layer") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--last_layer_state: \"", v, "\" is not one of family, final_norm, layer"));
+}
+
 // The drafter's context features of each sequence, [T, n × H]: the target states of
 // target_layer_ids concatenated in that order. dflash's extract_context_feature reads HF
 // hidden_states[id + 1]; for the last layer that is the final-norm output (transformers puts it
@@ -215,7 +232,8 @@ absl::StatusOr<Models> LoadModels(bool need_target) {
 absl::StatusOr<std::vector<at::Tensor>> ContextFeatures(
     ExtractionEngine& engine, const DrafterSpec& drafter,
     const std::vector<std::vector<int64_t>>& sequences, at::ScalarType dtype) {
-  const int64_t L = drafter.last_layer_is_final_norm ? engine.config().num_layers : -1;
+  SW_ASSIGN_OR_RETURN(const bool final_norm, LastLayerIsFinalNorm(drafter));
+  const int64_t L = final_norm ? engine.config().num_layers : -1;
   CaptureSpec capture;
   for (int64_t id : drafter.target_layer_ids) {
     if (id == L - 1) {
@@ -299,10 +317,11 @@ absl::StatusOr<json> RunLive(Models& m, const std::vector<std::vector<int64_t>>&
   json responses = json::array();
   int64_t equal = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  SW_ASSIGN_OR_RETURN(const bool final_norm, LastLayerIsFinalNorm(dc));
   for (size_t i = 0; i < prompts.size(); ++i) {
     SW_ASSIGN_OR_RETURN(std::unique_ptr<InProcessTarget> target,
                         InProcessTarget::Open(m.engine->model(), prompts[i], options,
-                                              dc.target_layer_ids, dc.last_layer_is_final_norm));
+                                              dc.target_layer_ids, final_norm));
     absl::StatusOr<LiveResult> r = absl::InternalError("live loop did not run");
     SW_RETURN_IF_ERROR(RunGuarded("live loop", [&]() -> absl::Status {
       r = RunLiveLoop(block.get(), target->start(), *target, settings, to_features);
