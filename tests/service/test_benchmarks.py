@@ -197,3 +197,26 @@ def test_humaneval_scored_end_to_end(tiny_extractor, tmp_path):
                         "mbpp", "--target", str(TARGET), "--drafter", str(DRAFTER), "--extractor",
                         tiny_extractor.address], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "give the benchmark's file" in p.stderr
+
+
+def test_benchmarks_through_a_scorer_carry_prometheus_labels(tiny_extractor, tmp_path):
+    """Through a scorer, each benchmark is a dataset label of the scorer's acceptance series."""
+    from scorer_harness import ScorerServer
+    s = ScorerServer(tiny_extractor.address, tmp_path / "log", tmp_path / "cache")
+    (tmp_path / "log").mkdir()
+    s.start()
+    try:
+        score = build_dir() / "services" / "scorer" / "specwire-score"
+        gsm = write(tmp_path / "gsm8k", [record("gsm8k", random.Random(5), i) for i in range(3)],
+                    "jsonl")
+        rows = [bm.score(bm.prepare(name, path, TARGET, max_prompts=3), DRAFTER,
+                         scorer=s.address, max_new_tokens=16, bootstrap_resamples=50,
+                         score_bin=score)
+                for name, path in (("humaneval", None), ("gsm8k", gsm))]
+        assert [r["prompts"] for r in rows] == [3, 3]
+        metrics = s.metrics()
+        for name in ("humaneval", "gsm8k"):
+            assert any(f'dataset="{name}"' in line and not line.startswith("#")
+                       for line in metrics.splitlines()), name
+    finally:
+        s.stop()
