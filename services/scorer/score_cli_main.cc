@@ -314,11 +314,7 @@ ScoreReport NewReport(const ScoreSpec& spec) {
   const std::string prompts_path = !spec.dataset_path.empty()
                                        ? spec.dataset_path
                                        : absl::GetFlag(FLAGS_prompts_file);
-  if (!prompts_path.empty()) {
-    if (auto text = ReadFileToString(prompts_path); text.ok()) {
-      r.inputs.dataset_digest = DigestBytes(std::as_bytes(std::span(*text)));
-    }
-  }
+  r.inputs.dataset_digest = FileDigestOrEmpty(prompts_path);
   if (auto d = CheckpointDigest(spec.drafter_path); d.ok()) r.inputs.drafter_digest = *d;
   return r;
 }
@@ -503,13 +499,18 @@ absl::Status RunWatch(ContinuousEvalOptions eval, const ExtractorConnection& ext
     std::optional<AcceptanceSummary> summary;
     std::vector<PromptScore> prompts;
     CanaryFingerprint canary;
+    std::string provenance;
     ScoreEvents events;
-    events.on_start = [&](const ScoreStart& s) { canary = s.contract.canary; };
+    events.on_start = [&](const ScoreStart& s) {
+      canary = s.contract.canary;
+      provenance = ScoreProvenanceJson(s.contract, s.drafter.dtype, s.chat_template_record,
+                                       FileDigestOrEmpty(spec.dataset_path), "");
+    };
     events.on_summary = [&](const AcceptanceSummary& s) { summary = s; };
     events.on_prompt = [&](const PromptScore& p) { prompts.push_back(p); };
     SW_RETURN_IF_ERROR(runner->Run(spec, events, g_watch_stop));
     if (!summary) return absl::InternalError("the scoring job ended without a summary");
-    return EvalScore{*summary, std::move(prompts), std::move(canary)};
+    return EvalScore{*summary, std::move(prompts), std::move(canary), std::move(provenance)};
   };
   const std::string db_path =
       eval.db_path.empty()

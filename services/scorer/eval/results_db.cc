@@ -189,6 +189,11 @@ absl::Status ResultsDb::Record(const CheckpointResult& r) {
     }
     j["prompt_steps"] = steps;
     if (!r.target_canary.empty()) j["target_canary"] = json::parse(CanaryToJson(r.target_canary));
+    if (!r.provenance.empty()) {
+      json p = json::parse(r.provenance, nullptr, false);
+      if (!p.is_object()) return absl::InvalidArgumentError("provenance: not a JSON object");
+      j["provenance"] = std::move(p);
+    }
     summary = j.dump();
   }
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
@@ -279,6 +284,9 @@ absl::StatusOr<std::vector<CheckpointResult>> ResultsDb::Query(
                                                   canary.status().message()));
         }
         r.target_canary = *std::move(canary);
+      }
+      if (j.is_object() && j.contains("provenance") && j["provenance"].is_object()) {
+        r.provenance = j["provenance"].dump();
       }
     }
     r.started_at = Column(st.s, 10);

@@ -50,6 +50,9 @@ struct CheckpointResult {
   // The target's canary fingerprint when scored (kept in the summary column, "target_canary"):
   // rows of one run compare across extractor restarts and hosts (specwire-cli fingerprint).
   CanaryFingerprint target_canary;
+  // What the scores depend on (ScoreProvenanceJson; kept in the summary column, "provenance"):
+  // build, target digests, template record, eval-set file and checkpoint digests, dtypes.
+  std::string provenance;
   std::string started_at;     // UTC, ISO 8601
   std::string finished_at;
   // Not stored: true when this row was read back rather than just scored.

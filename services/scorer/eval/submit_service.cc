@@ -330,16 +330,20 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
       std::optional<AcceptanceSummary> summary;
       std::vector<PromptScore> prompts;
       CanaryFingerprint canary;
+      std::string provenance;
       std::mutex mu;
       std::condition_variable cv;
       bool finished = false;
       absl::Status status;
     };
     auto state = std::make_shared<State>();
-    job->events.on_start = [state](const ScoreStart& s) {
+    job->events.on_start = [state, dataset = spec.dataset_path](const ScoreStart& s) {
       state->labels = s.labels;
       state->block_size = s.drafter.block_size;
       state->canary = s.contract.canary;
+      state->provenance = ScoreProvenanceJson(s.contract, s.drafter.dtype,
+                                              s.chat_template_record,
+                                              FileDigestOrEmpty(dataset), "");
     };
     job->events.on_progress = [state, metrics](const ScoreProgress& p) {
       if (metrics != nullptr) metrics->Progress(state->labels, p);
@@ -365,7 +369,8 @@ ScoreFn MakeWorkerScoreFn(ScoreWorker* worker, ScorerMetrics* metrics) {
     state->cv.wait(lock, [&] { return state->finished; });
     SW_RETURN_IF_ERROR(state->status);
     if (!state->summary) return absl::InternalError("the scoring job ended without a summary");
-    return EvalScore{*state->summary, std::move(state->prompts), std::move(state->canary)};
+    return EvalScore{*state->summary, std::move(state->prompts), std::move(state->canary),
+                     std::move(state->provenance)};
   };
 }
 

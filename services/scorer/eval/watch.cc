@@ -34,6 +34,14 @@ std::string UtcNow() {
   return buf;
 }
 
+// A row's provenance: the job's, with the checkpoint digest the row was scored under.
+std::string WithDrafterDigest(const std::string& provenance, const std::string& digest) {
+  json p = json::parse(provenance.empty() ? "{}" : provenance, nullptr, false);
+  if (!p.is_object()) p = json::object();
+  p["drafter_digest"] = digest;
+  return p.dump();
+}
+
 absl::StatusOr<std::vector<EvalSet>> ParseEvalSets(absl::string_view flag) {
   std::vector<EvalSet> sets;
   std::set<std::string> labels;
@@ -269,6 +277,7 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
       r.status = "ok";
       r.summary = std::move(summary->summary);
       r.target_canary = std::move(summary->target_canary);
+      r.provenance = WithDrafterDigest(summary->provenance, digest);
       for (const PromptScore& p : summary->prompts) {
         r.prompts.push_back({p.prompt_index, p.trajectory_digest, p.acceptance.step_lengths,
                              p.acceptance.prompt_tokens, p.trajectory});

@@ -69,6 +69,7 @@ struct EvalScore {
   AcceptanceSummary summary;
   std::vector<PromptScore> prompts;
   CanaryFingerprint target_canary;  // the scored target's (from its contract)
+  std::string provenance;           // ScoreProvenanceJson of the job (JSON object text)
 };
 
 // Scores one drafter directory on one eval set (the service runs it on its ScoreWorker, the CLI

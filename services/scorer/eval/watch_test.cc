@@ -11,6 +11,7 @@
 #include <map>
 
 #include "common/safetensors.h"
+#include "nlohmann/json.hpp"
 
 namespace specwire {
 namespace {
@@ -166,7 +167,8 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
     canary.token_ids = {11};
     canary.compute_dtype = "float32";
     canary.taps = {{"embedding", 0.0, 1.0, 1.0, {0.5}}};
-    return EvalScore{FakeSummary(1.0 + calls.size() * 0.1), {}, canary};
+    return EvalScore{FakeSummary(1.0 + calls.size() * 0.1), {}, canary,
+                     R"({"weights_digest": "xxh3-128:w", "specwire_commit": "c"})"};
   };
   EvaluatorOptions eo;
   eo.eval_sets = {{"a", "a.jsonl"}, {"b", "b.jsonl"}};
@@ -198,6 +200,14 @@ TEST(WatchTest, WatcherScoresEachCheckpointOnce) {
     EXPECT_EQ((*(*db)->Find("run-a", 2, "a"))->status, "ok");
     // The row keeps the scored target's canary fingerprint.
     EXPECT_EQ((*(*db)->Find("run-a", 2, "a"))->target_canary.taps.size(), 1u);
+    // ... and the job's provenance, with the checkpoint digest the row was scored under.
+    {
+      const CheckpointResult ok_row = **(*db)->Find("run-a", 2, "a");
+      const nlohmann::json p = nlohmann::json::parse(ok_row.provenance);
+      EXPECT_EQ(p.at("weights_digest"), "xxh3-128:w");
+      EXPECT_EQ(p.at("drafter_digest"), ok_row.checkpoint_digest);
+      EXPECT_FALSE(ok_row.checkpoint_digest.empty());
+    }
     // Wrong target: recorded failed with the contract error; the watcher goes on.
     WriteCheckpoint(watch / "checkpoint-3");
     // A transient error first: nothing recorded, retried on the next scan.
@@ -376,6 +386,15 @@ TEST(WatchTest, PromptStepsSurviveTheDatabase) {
   ASSERT_TRUE(back.ok() && back->has_value());
   EXPECT_EQ((*back)->prompts, r.prompts);
   EXPECT_EQ((*back)->target_canary, r.target_canary);  // doubles round-trip exactly
+  EXPECT_EQ((*back)->provenance, "");
+  r.step = 2;
+  r.provenance = ScoreProvenanceJson(ExtractionContract{}, "float32", "", "xxh3-128:d", "");
+  ASSERT_TRUE((*db)->Record(r).ok());
+  EXPECT_EQ(nlohmann::json::parse((*(*db)->Find("r", 2, "d"))->provenance),
+            nlohmann::json::parse(r.provenance));
+  r.step = 3;
+  r.provenance = "[1]";
+  EXPECT_FALSE((*db)->Record(r).ok());  // not an object: refused, nothing half-written
   fs::remove_all(root);
 }
 

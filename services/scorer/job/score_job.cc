@@ -2,9 +2,12 @@
 
 #include <chrono>
 #include <optional>
+#include <span>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/digest.h"
+#include "nlohmann/json.hpp"
 #include "common/status.h"
 #include "services/scorer/job/trajectory_fetcher.h"
 
@@ -96,6 +99,34 @@ class ScoreRunner::Tally {
   int64_t with_steps_ = 0;
   int64_t tokens_ = 0;
 };
+
+std::string FileDigestOrEmpty(const std::string& path) {
+  if (path.empty()) return "";
+  auto text = ReadFileToString(path);
+  return text.ok() ? DigestBytes(std::as_bytes(std::span(*text))) : "";
+}
+
+std::string ScoreProvenanceJson(const ExtractionContract& contract, const std::string& drafter_dtype,
+                                const std::string& chat_template_record,
+                                const std::string& dataset_digest,
+                                const std::string& drafter_digest) {
+  nlohmann::json record = nullptr;
+  if (!chat_template_record.empty()) {
+    record = nlohmann::json::parse(chat_template_record, nullptr, false);
+    if (record.is_discarded()) record = chat_template_record;
+  }
+  return nlohmann::json{{"specwire_version", SpecwireVersion()},
+                        {"specwire_commit", SpecwireCommit()},
+                        {"weights_digest", contract.weights_digest},
+                        {"tokenizer_digest", contract.tokenizer_digest},
+                        {"target_chat_template_digest", contract.chat_template_digest},
+                        {"prompts_chat_template", record},
+                        {"dataset_digest", dataset_digest},
+                        {"drafter_digest", drafter_digest},
+                        {"target_dtype", contract.compute_dtype},
+                        {"drafter_dtype", drafter_dtype}}
+      .dump();
+}
 
 absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& events,
                               const std::atomic<bool>& cancelled) {

@@ -58,6 +58,18 @@ struct ScoreStart {
   std::string chat_template_record;     // canonical, "" when the prompts carry none
 };
 
+// What scores depend on beyond the numbers, as one JSON object (a report's "provenance", a
+// continuous-evaluation row's): specwire's version and commit, the target's weight, tokenizer and
+// template digests, the prompts' template record, both dtypes, and the digests of the prompt file
+// and the drafter checkpoint where the caller could read them ("" otherwise).
+// xxh3-128 of a file's bytes ("" when it cannot be read here: a path on another host).
+std::string FileDigestOrEmpty(const std::string& path);
+
+std::string ScoreProvenanceJson(const ExtractionContract& contract, const std::string& drafter_dtype,
+                                const std::string& chat_template_record,
+                                const std::string& dataset_digest,
+                                const std::string& drafter_digest);
+
 // Callbacks, all on the runner's (calling) thread, in this order: on_start once, on_progress
 // (done = 0), then per prompt on_prompt + on_progress, then on_summary. Prompts finish in any
 // order when several extractors serve them; the summary is over the prompts in index order.

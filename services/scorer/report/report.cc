@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "specwire_commit.h"
 
 namespace specwire {
 
@@ -393,17 +392,10 @@ std::string ReportToJson(const ScoreReport& r) {
       r.chat_template_record.empty() ? json(nullptr) : json::parse(r.chat_template_record);
   j["drafter"] = DrafterJson(r);
   // Everything the numbers depend on, in one place (what a results table row cites).
-  j["provenance"] = {
-      {"specwire_version", SPECWIRE_VERSION},
-      {"specwire_commit", SPECWIRE_COMMIT},
-      {"weights_digest", r.contract.weights_digest},
-      {"tokenizer_digest", r.contract.tokenizer_digest},
-      {"target_chat_template_digest", r.contract.chat_template_digest},
-      {"prompts_chat_template", j["chat_template"]},
-      {"dataset_digest", r.inputs.dataset_digest},
-      {"drafter_digest", r.inputs.drafter_digest},
-      {"target_dtype", r.contract.compute_dtype},
-      {"drafter_dtype", r.drafter.dtype}};
+  j["provenance"] = json::parse(ScoreProvenanceJson(r.contract, r.drafter.dtype,
+                                                    r.chat_template_record,
+                                                    r.inputs.dataset_digest,
+                                                    r.inputs.drafter_digest));
   j["summary"] = json::parse(AcceptanceSummaryToJson(r.summary));
   j["settings"] = {{"max_new_tokens", r.max_new_tokens},
                    {"block_size", r.summary.block_size},
