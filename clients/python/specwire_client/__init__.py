@@ -19,6 +19,14 @@
                       target by the lossless rule, commit what was accepted
     ScorerClient      push mode of the scorer: submit_checkpoint(run, step, path | state_dict)
                       uploads a drafter checkpoint and returns its scores (CheckpointScores)
+    served (module)   a serving engine's acceptance read in its own formats (vLLM's counters and
+                      per-request metrics, SGLang's meta_info); drive_openai drives an engine
+    reconcile (module)
+                      served vs canonical acceptance with intervals and a diagnosis of the gap
+                      (specwire-reconcile)
+    benchmarks (module)
+                      gsm8k, math500, humaneval, mbpp, mt-bench, SPEED-Bench read, rendered with
+                      the target's chat template and tabulated (specwire-benchmarks)
 
 State names: "layer.k" is the output of decoder layer k = transformers' hidden_states[k + 1];
 "embedding" = hidden_states[0]; "final_norm" = hidden_states[num_layers].
