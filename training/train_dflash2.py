@@ -34,10 +34,10 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
-from train_drafter import (block_weights, corpus_prompts, extractor, feature_taps,  # noqa: E402
-                           load_features, lr_at, make_batch, self_generated)
+from train_drafter import (block_weights, extractor, feature_taps, fit, make_batch,  # noqa: E402
+                           self_generated_features)
 
-from specwire_client import ContractExpectation, ExtractorClient  # noqa: E402
+from specwire_client import ExtractorClient  # noqa: E402
 
 
 def per_block(batch: dict, block: int) -> dict:
@@ -142,39 +142,21 @@ def main() -> None:
             tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
         embed = tensors["model.embed_tokens.weight"].float()
         head = tensors["lm_head.weight"].float()
-        expect = ContractExpectation(num_layers=contract.num_layers,
-                                     hidden_size=contract.hidden_size,
-                                     vocab_size=contract.vocab_size,
-                                     weights_digest=contract.weights_digest)
         taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
-        prompts = corpus_prompts(args.prompts, 3, 8, 400, args.seed + 7)
-        items = self_generated(address, prompts, args.max_new_tokens, 16)
-        train = load_features(address, items, taps, final_norm, names, expect)
-    train = [s for s in train if len(s["input_ids"]) - s["prompt_len"] >= 2]
+        train = self_generated_features(address, args, taps, final_norm, names, contract,
+                                        seed=args.seed + 7, min_completion=2)
     weights = block_weights(block, args.gamma)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    g = torch.Generator().manual_seed(args.seed)
-    curve = []
-    t0 = time.time()
     model.train()
-    for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
+
+    def step_loss(g: torch.Generator) -> dict:
         rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
         batch = per_block(make_batch([train[r] for r in rows], args.anchors_per_seq, block,
                                      cfg.dflash_config["mask_token_id"], g), block)
         unary, sel = losses(model, batch, embed, head, weights, args.selector_top_k)
-        loss = unary + sel
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            curve.append({"step": step, "unary_loss": round(unary.item(), 4),
-                          "selector_loss": round(sel.item(), 4),
-                          "wall_s": round(time.time() - t0, 1)})
-            print(json.dumps(curve[-1]), flush=True)
+        return {"loss": unary + sel, "unary_loss": unary, "selector_loss": sel}
+
+    curve = fit(params, step_loss, args, args.seed)
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.eval().to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
@@ -192,7 +174,7 @@ def main() -> None:
     cpath.write_text(json.dumps(c, indent=2) + "\n")
     log = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "parameters": sum(p.numel() for p in params), "train_sequences": len(train),
-           "train_s": round(time.time() - t0, 1), "wall_s": round(time.time() - t_start, 1),
+           "train_s": curve[-1]["wall_s"] if curve else 0.0, "wall_s": round(time.time() - t_start, 1),
            "loss_curve": curve, "corpus": corpus.manifest()}
     (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"saved {args.out}", flush=True)

@@ -324,6 +324,94 @@ def save_drafter(drafter: DFlashDraftModel, out: Path, log: dict) -> None:
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
 
+def add_loop_args(ap, steps: int) -> None:
+    """The flags of a single-sequence training loop (fit_one_sequence_at_a_time) and of its
+    self-generated data."""
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=100)
+
+
+def self_generated_features(address: str, args, layer_ids: list[int], final_norm: bool,
+                            names: list[str], contract, seed: int | None = None,
+                            min_completion: int = 3) -> list[dict]:
+    """The target's own greedy completions of args.prompts corpus prompts (drawn with `seed`,
+    args.seed by default), their features (`names`) streamed and checked against `contract`;
+    sequences of fewer than `min_completion` completion tokens are dropped."""
+    expect = ContractExpectation(num_layers=contract.num_layers,
+                                 hidden_size=contract.hidden_size,
+                                 vocab_size=contract.vocab_size,
+                                 weights_digest=contract.weights_digest)
+    prompts = corpus_prompts(args.prompts, 3, 8, 400, args.seed if seed is None else seed)
+    items = self_generated(address, prompts, args.max_new_tokens, 16)
+    train = load_features(address, items, layer_ids, final_norm, names, expect)
+    return [s for s in train if len(s["input_ids"]) - s["prompt_len"] >= min_completion]
+
+
+def fit(params: list, step_loss, args, seed: int, weight_decay: float = 0.01, schedule=None,
+        verbose: bool = True) -> list[dict]:
+    """AdamW (betas 0.9/0.95, clip 1.0) for args.steps steps at `schedule(step, args)` (lr_at's
+    by default). step_loss(g) draws its batch with the generator g (seeded `seed`) and gives
+    {"loss": what is minimised, other named losses to log}. The loss curve: every args.log_every
+    steps and the last, each named loss and the wall time."""
+    schedule = schedule or lr_at
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    g = torch.Generator().manual_seed(seed)
+    curve = []
+    t0 = time.time()
+    for step in range(args.steps):
+        for group in opt.param_groups:
+            group["lr"] = schedule(step, args)
+        losses = step_loss(g)
+        opt.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % args.log_every == 0 or step == args.steps - 1:
+            curve.append({"step": step, **{k: round(v.item(), 4) for k, v in losses.items()},
+                          "wall_s": round(time.time() - t0, 1)})
+            if verbose:
+                print(json.dumps(curve[-1]), flush=True)
+    return curve
+
+
+def fit_one_sequence_at_a_time(params: list, train: list[dict], loss_of, args) -> list[dict]:
+    """fit on `loss_of(sequence)`, one sequence a step drawn with args.seed, weight decay 0.01."""
+    return fit(params, lambda g: {"loss": loss_of(train[int(torch.randint(len(train), (1,),
+                                                                          generator=g))])},
+               args, args.seed)
+
+
+def speculators_config(algorithm: str, speculative_tokens: int, architecture: str) -> dict:
+    """A speculators checkpoint's speculators_config: greedy proposals of `speculative_tokens`,
+    verified by a target of `architecture`."""
+    return {"algorithm": algorithm, "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": None, "architectures": [architecture]}}
+
+
+def training_log(args, params: list, contract, curve: list[dict], train: list[dict],
+                 t_start: float, **fields) -> dict:
+    """train_log.json of a training run: its flags, size, target, data and loss curve."""
+    return {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "parameters": sum(p.numel() for p in params),
+            "target_contract": {"architecture": contract.architecture,
+                                "num_layers": contract.num_layers,
+                                "hidden_size": contract.hidden_size,
+                                "vocab_size": contract.vocab_size,
+                                "weights_digest": contract.weights_digest},
+            "train_sequences": len(train), **fields, "train_s": curve[-1]["wall_s"],
+            "wall_s": round(time.time() - t_start, 1), "final_loss": curve[-1]["loss"],
+            "loss_curve": curve, "corpus": corpus.manifest()}
+
+
 def lr_at(step: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -428,28 +516,18 @@ def main() -> None:
     params = sum(p.numel() for p in drafter.parameters())
     weights = block_weights(args.block_size, gamma)
     model = (torch.nn.parallel.DistributedDataParallel(drafter) if world > 1 else drafter)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                            weight_decay=0.01)
-    g = torch.Generator().manual_seed(args.seed + rank)  # each rank its own batches
-    curve = []
-    t0 = time.time()
-    for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
+
+    def step_loss(g: torch.Generator) -> dict:
         rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
         batch = make_batch([train[r] for r in rows], args.anchors_per_seq, args.block_size,
                            args.mask_id, g)
-        loss = dflash_loss(forward_blocks(model, batch, embed, head), batch["labels"],
-                           weights, args.block_size)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            curve.append({"step": step, "loss": round(loss.item(), 4),
-                          "wall_s": round(time.time() - t0, 1)})
-            if rank == 0:
-                print(json.dumps(curve[-1]), flush=True)
+        return {"loss": dflash_loss(forward_blocks(model, batch, embed, head), batch["labels"],
+                                    weights, args.block_size)}
+
+    t0 = time.time()
+    # each rank its own batches
+    curve = fit(list(drafter.parameters()), step_loss, args, args.seed + rank,
+                verbose=rank == 0)
     t_train = time.time() - t0
     if rank != 0:
         dist.barrier()  # rank 0 evaluates and saves

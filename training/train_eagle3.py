@@ -39,11 +39,10 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-from train_drafter import (corpus_prompts, extractor, load_features, lr_at,  # noqa: E402
-                           self_generated)
+from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
+                           self_generated_features, speculators_config, training_log)
 
-from specwire_client import ContractExpectation, ExtractorClient  # noqa: E402
+from specwire_client import ExtractorClient  # noqa: E402
 
 DECAY = 0.8
 
@@ -169,14 +168,7 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=384)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--speculative-tokens", type=int, default=5)
-    ap.add_argument("--prompts", type=int, default=512)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=100)
+    add_loop_args(ap, steps=1500)
     args = ap.parse_args()
     aux_ids = [int(v) for v in args.aux_ids.split(",")]
     torch.set_num_threads(args.threads)
@@ -190,16 +182,10 @@ def main() -> None:
         bad = [i for i in aux_ids if not 1 <= i <= contract.num_layers]
         if bad:
             sys.exit(f"--aux-ids {bad}: indices run from 1 to {contract.num_layers}")
-        expect = ContractExpectation(num_layers=contract.num_layers,
-                                     hidden_size=contract.hidden_size,
-                                     vocab_size=contract.vocab_size,
-                                     weights_digest=contract.weights_digest)
         layers = [i - 1 for i in aux_ids]  # the extractor's numbering: raw layer outputs
         names = [f"layer.{k}" for k in layers]
-        prompts = corpus_prompts(args.prompts, 3, 8, 400, args.seed)
-        items = self_generated(address, prompts, args.max_new_tokens, 16)
-        train = load_features(address, items, sorted(set(layers)), False, names, expect)
-    train = [s for s in train if len(s["input_ids"]) - s["prompt_len"] >= 3]
+        train = self_generated_features(address, args, sorted(set(layers)), False, names,
+                                        contract)
     V, H = contract.vocab_size, contract.hidden_size
     counts = Counter(int(t) for s in train for t in s["input_ids"][s["prompt_len"]:])
     chosen = sorted(t for t, _ in counts.most_common(args.draft_vocab))
@@ -221,23 +207,8 @@ def main() -> None:
                     model.down):
             torch.nn.init.normal_(lin.weight, std=0.02)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    g = torch.Generator().manual_seed(args.seed)
-    curve = []
-    t0 = time.time()
-    for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
-        seq = train[int(torch.randint(len(train), (1,), generator=g))]
-        loss = ttt_loss(model, seq, to_draft, args.ttt_steps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            curve.append({"step": step, "loss": round(loss.item(), 4),
-                          "wall_s": round(time.time() - t0, 1)})
-            print(json.dumps(curve[-1]), flush=True)
+    curve = fit_one_sequence_at_a_time(
+        params, train, lambda seq: ttt_loss(model, seq, to_draft, args.ttt_steps), args)
 
     args.out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()
@@ -258,23 +229,11 @@ def main() -> None:
               "fc_norm": False, "norm_before_residual": False, "norm_output": False,
               "embed_requires_grad": False, "target_hidden_size": None,
               "tie_word_embeddings": False, "transformer_layer_config": layer_config,
-              "speculators_config": {
-                  "algorithm": "eagle3", "default_proposal_method": "greedy",
-                  "proposal_methods": [{"proposal_type": "greedy",
-                                        "speculative_tokens": args.speculative_tokens,
-                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                  "verifier": {"name_or_path": None,
-                               "architectures": [contract.architecture]}}}
+              "speculators_config": speculators_config("eagle3", args.speculative_tokens,
+                                                       contract.architecture)}
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    log = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "parameters": sum(p.numel() for p in params),
-           "target_contract": {"architecture": contract.architecture,
-                               "num_layers": contract.num_layers, "hidden_size": H,
-                               "vocab_size": V, "weights_digest": contract.weights_digest},
-           "feature_states": names, "train_sequences": len(train),
-           "draft_vocab_size": Vd, "train_s": round(time.time() - t0, 1),
-           "wall_s": round(time.time() - t_start, 1), "final_loss": curve[-1]["loss"],
-           "loss_curve": curve, "corpus": corpus.manifest()}
+    log = training_log(args, params, contract, curve, train, t_start, feature_states=names,
+                       draft_vocab_size=Vd)
     (args.out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     print(f"saved {args.out} ({Vd} draft tokens, final loss {curve[-1]['loss']})", flush=True)
 

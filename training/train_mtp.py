@@ -33,12 +33,11 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-from train_drafter import (corpus_prompts, extractor, load_features, lr_at,  # noqa: E402
-                           self_generated)
+from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
+                           self_generated_features, speculators_config, training_log)
 from train_eagle3 import rms  # noqa: E402
 
-from specwire_client import ContractExpectation, ExtractorClient  # noqa: E402
+from specwire_client import ExtractorClient  # noqa: E402
 
 
 class MtpHead(torch.nn.Module):
@@ -142,14 +141,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--speculative-tokens", type=int, default=3)
     ap.add_argument("--beta", type=float, default=0.6, help="step weights beta^k, normalised")
-    ap.add_argument("--prompts", type=int, default=512)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--steps", type=int, default=1200)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=100)
+    add_loop_args(ap, steps=1200)
     args = ap.parse_args()
     args.extractor = None  # train_drafter.extractor(): start one on --target
     torch.set_num_threads(args.threads)
@@ -164,14 +156,7 @@ def main() -> None:
             client.wait_ready(60)
             contract = client.model_info()
             tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
-        expect = ContractExpectation(num_layers=contract.num_layers,
-                                     hidden_size=contract.hidden_size,
-                                     vocab_size=contract.vocab_size,
-                                     weights_digest=contract.weights_digest)
-        prompts = corpus_prompts(args.prompts, 3, 8, 400, args.seed)
-        items = self_generated(address, prompts, args.max_new_tokens, 16)
-        train = load_features(address, items, [], True, ["final_norm"], expect)
-    train = [s for s in train if len(s["input_ids"]) - s["prompt_len"] >= 3]
+        train = self_generated_features(address, args, [], True, ["final_norm"], contract)
     embed = tensors["model.embed_tokens.weight"].float()
     head = tensors["lm_head.weight"].float()
     model = MtpHead(target_config)
@@ -180,24 +165,9 @@ def main() -> None:
                     model.down):
             torch.nn.init.normal_(lin.weight, std=0.02)
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     weights = step_weights(args.beta, args.speculative_tokens)
-    g = torch.Generator().manual_seed(args.seed)
-    curve = []
-    t0 = time.time()
-    for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
-        seq = train[int(torch.randint(len(train), (1,), generator=g))]
-        loss = mtp_loss(model, seq, embed, head, weights)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            curve.append({"step": step, "loss": round(loss.item(), 4),
-                          "wall_s": round(time.time() - t0, 1)})
-            print(json.dumps(curve[-1]), flush=True)
+    curve = fit_one_sequence_at_a_time(
+        params, train, lambda seq: mtp_loss(model, seq, embed, head, weights), args)
 
     args.out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(torch.bfloat16).contiguous()
@@ -209,25 +179,11 @@ def main() -> None:
     config = {"architectures": ["MTPDraftModel"], "speculators_model_type": "mtp",
               "speculators_version": "0.9.0", "num_nextn_predict_layers": 1,
               "transformer_layer_config": layer_config,
-              "speculators_config": {
-                  "algorithm": "mtp", "default_proposal_method": "greedy",
-                  "proposal_methods": [{"proposal_type": "greedy",
-                                        "speculative_tokens": args.speculative_tokens,
-                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                  "verifier": {"name_or_path": None,
-                               "architectures": [contract.architecture]}}}
+              "speculators_config": speculators_config("mtp", args.speculative_tokens,
+                                                       contract.architecture)}
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    log = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "parameters": sum(p.numel() for p in params),
-           "target_contract": {"architecture": contract.architecture,
-                               "num_layers": contract.num_layers,
-                               "hidden_size": contract.hidden_size,
-                               "vocab_size": contract.vocab_size,
-                               "weights_digest": contract.weights_digest},
-           "feature_states": ["final_norm"], "train_sequences": len(train),
-           "step_weights": weights, "train_s": round(time.time() - t0, 1),
-           "wall_s": round(time.time() - t_start, 1), "final_loss": curve[-1]["loss"],
-           "loss_curve": curve, "corpus": corpus.manifest()}
+    log = training_log(args, params, contract, curve, train, t_start,
+                       feature_states=["final_norm"], step_weights=weights)
     (args.out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     print(f"saved {args.out} (final loss {curve[-1]['loss']})", flush=True)
 
