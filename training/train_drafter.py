@@ -412,6 +412,18 @@ def training_log(args, params: list, contract, curve: list[dict], train: list[di
             "loss_curve": curve, "corpus": corpus.manifest()}
 
 
+def rotary(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (rotate-half, Llama / Qwen3's) of x [T, heads, head_dim] at
+    positions pos [T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
+    f = pos.float()[:, None] * inv[None]
+    e = torch.cat([f, f], -1)
+    cos, sin = e.cos()[:, None], e.sin()[:, None]
+    rot = torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    return x * cos + rot * sin
+
+
 def lr_at(step: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup

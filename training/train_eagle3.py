@@ -40,7 +40,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
-                           self_generated_features, speculators_config, training_log)
+                           rotary, self_generated_features, speculators_config, training_log)
 
 from specwire_client import ExtractorClient  # noqa: E402
 
@@ -73,12 +73,7 @@ class Eagle3(torch.nn.Module):
         self.lm_head = lin(H, Vd)
 
     def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2).float() / self.hd))
-        f = pos.float()[:, None] * inv[None]
-        e = torch.cat([f, f], -1)
-        cos, sin = e.cos()[:, None], e.sin()[:, None]
-        rot = torch.cat([-x[..., self.hd // 2:], x[..., :self.hd // 2]], -1)
-        return x * cos + rot * sin
+        return rotary(x, pos, self.theta)
 
     def step(self, emb, hid, pos, cache):
         """One TTT step over all lanes: cache holds (K, V) of earlier steps; step 0's keys are
