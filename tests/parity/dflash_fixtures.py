@@ -181,6 +181,19 @@ def seeded_variants(family: str, variants: dict, random_variants, n: int) -> tup
     return seed, {**variants, **random_variants(seed, n)}
 
 
+def chain_family_oracle(root: Path, family: str, packages: tuple[str, ...], variants: dict,
+                        random_variants, n: int, **spec: Any) -> tuple[Path, dict]:
+    """The reference side of a chain family's parity test (MTP, P-EAGLE), run once: the fixed
+    `variants` plus `n` seeded random ones, written by tests/parity/<family>_reference.py with
+    `spec`'s fields (length, drafts, ...) into `root`. (root, variants)."""
+    require_oracles(*packages)
+    seed, variants = seeded_variants(family, variants, random_variants, n)
+    path = write_json(root / "spec.json", {"out": str(root), "variants": variants, "seed": seed,
+                                           **spec})
+    run_oracle_script(f"{family}_reference.py", str(path))
+    return root, variants
+
+
 def block_family_oracle(root: Path, family: str, reference: str, variants: dict,
                         random_variants, context: int) -> dict:
     """The reference side of a DFlash-based family's parity test, run once: a tiny target in

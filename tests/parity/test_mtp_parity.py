@@ -102,13 +102,8 @@ def draft(drafter: Path, target: Path, cases: dict, ends: list[int], out: Path, 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    F.require_oracles("speculators")
-    out = tmp_path_factory.mktemp("mtp")
-    seed, variants = F.seeded_variants("mtp", VARIANTS, random_variants, 4)
-    spec = F.write_json(out / "spec.json", {"out": str(out), "variants": variants,
-                                            "length": LENGTH, "drafts": DRAFTS, "seed": seed})
-    F.run_oracle_script("mtp_reference.py", str(spec))
-    return out, variants
+    return F.chain_family_oracle(tmp_path_factory.mktemp("mtp"), "mtp", ("speculators",), VARIANTS,
+                                 random_variants, 4, length=LENGTH, drafts=DRAFTS)
 
 
 def test_chain_matches_the_reference(oracle):

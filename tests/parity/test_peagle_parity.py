@@ -100,13 +100,8 @@ def draft(drafter: Path, cases: dict, ends: list[int], out: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    F.require_oracles("speculators", "specforge")
-    out = tmp_path_factory.mktemp("peagle")
-    seed, variants = F.seeded_variants("peagle", VARIANTS, random_variants, 6)
-    spec = F.write_json(out / "spec.json", {"out": str(out), "variants": variants,
-                                            "length": LENGTH, "drafts": DRAFTS, "seed": seed})
-    F.run_oracle_script("peagle_reference.py", str(spec))
-    return out, variants
+    return F.chain_family_oracle(tmp_path_factory.mktemp("peagle"), "peagle", ("speculators", "specforge"), VARIANTS,
+                                 random_variants, 6, length=LENGTH, drafts=DRAFTS)
 
 
 def test_forward_matches_the_reference_packages(oracle):

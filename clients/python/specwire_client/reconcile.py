@@ -239,9 +239,7 @@ class Comparison:
         return dataclasses.asdict(self)
 
 
-def _side(acc: ServedAcceptance, reqs: Optional[Sequence[ServedRequest]],
-          ci: Optional[list[list[float]]]) -> dict[str, Any]:
-    k = acc.k
+def _side(acc: ServedAcceptance, ci: Optional[list[list[float]]]) -> dict[str, Any]:
     d: dict[str, Any] = {"al_pooled": acc.al_pooled, "al_mean_of_means": acc.al_mean_of_means,
                          "acceptance_at": acc.acceptance_at(), "drafts": acc.num_drafts,
                          "accepted": acc.num_accepted, "histogram": acc.histogram()}
@@ -270,8 +268,8 @@ def compare(served: ServedAcceptance, run: CanonicalRun, *, resamples: int = 100
         raise ValueError(f"{len(sreq)} served requests, {len(creq or [])} canonical ones: the "
                          "same prompts must be on both sides")
     ci = bootstrap(sreq, creq, k, resamples, seed) if (sreq and resamples > 0) else {}
-    s_side = _side(served, sreq, ci.get("served"))
-    c_side = _side(canon, creq, ci.get("canonical") if ci else None)
+    s_side = _side(served, ci.get("served"))
+    c_side = _side(canon, ci.get("canonical") if ci else None)
     diff: dict[str, Any] = {
         "al_pooled": served.al_pooled - canon.al_pooled,
         "acceptance_at": [a - b for a, b in zip(served.acceptance_at(), canon.acceptance_at())]}
