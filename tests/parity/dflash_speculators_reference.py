@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from dspark_reference import load_spec, qwen3_layers, share_target_head  # noqa: E402
 
 
 def main() -> None:
@@ -32,23 +32,12 @@ def main() -> None:
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
     from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import AutoConfig
-    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(spec["out"])
-    tc = AutoConfig.from_pretrained(spec["target"])
-    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    spec, out, tc, target = load_spec()
     V, H = tc.vocab_size, tc.hidden_size
-    torch.set_num_threads(1)
     for i, (name, v) in enumerate(spec["variants"].items()):
         g = torch.Generator().manual_seed(spec["seed"] + i)
-        tl = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=2 * H,
-                         num_hidden_layers=v["layers"], num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-                         max_position_embeddings=4096, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": v["theta"]})
-        tl._attn_implementation = "eager"
+        tl = qwen3_layers(v, tc)
         B, Vd, ids = v["block"], v["draft_vocab"], v["aux_ids"]
         two = v.get("dflash2", False)
         extra = {}
@@ -77,16 +66,7 @@ def main() -> None:
                         p.copy_(1.5 * noise)
                     else:
                         p.copy_(0.1 * noise)
-            m.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
-            head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
-            chosen = torch.arange(V)
-            if Vd != V:
-                chosen = torch.randperm(V, generator=g)[:Vd].sort().values
-                m.d2t.copy_(chosen - torch.arange(Vd))
-                t2d = torch.zeros(V, dtype=torch.bool)
-                t2d[chosen] = True
-                m.t2d.copy_(t2d)
-            m.lm_head.weight.copy_(head[chosen])
+        chosen = share_target_head(m, target, V, Vd, g)
         m.save_pretrained(out / name)
         C = spec["context"]
         feats = torch.randn(1, C, len(ids) * H, generator=g)

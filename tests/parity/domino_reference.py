@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -29,7 +27,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dspark_reference import randomize, specforge_config  # noqa: E402
+from dspark_reference import load_spec, randomize, specforge_config  # noqa: E402
 
 
 def domino_model(v: dict, tc, g: torch.Generator):
@@ -48,18 +46,12 @@ def domino_model(v: dict, tc, g: torch.Generator):
 
 
 def main() -> None:
-    from transformers import AutoConfig
-
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(spec["out"])
-    tc = AutoConfig.from_pretrained(spec["target"])
-    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    spec, out, tc, target = load_spec()
     V = tc.vocab_size
     embed = target["model.embed_tokens.weight"].float()
     target_head = target.get("lm_head.weight", embed).float()
     stub = SimpleNamespace(lm_head=lambda h: h @ target_head.T,
                            model=SimpleNamespace(embed_tokens=lambda ids: embed[ids]))
-    torch.set_num_threads(1)
     for i, (name, v) in enumerate(spec["variants"].items()):
         g = torch.Generator().manual_seed(spec["seed"] + i)
         m = domino_model(v, tc, g)

@@ -30,6 +30,48 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 
+def load_spec() -> tuple[dict, Path, object, dict]:
+    """A reference script's SPEC.json (argv[1]): (spec, its "out", the target's config, the
+    target's tensors); one torch thread."""
+    from transformers import AutoConfig
+
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    torch.set_num_threads(1)
+    return (spec, Path(spec["out"]), AutoConfig.from_pretrained(spec["target"]),
+            load_file(str(Path(spec["target"]) / "model.safetensors")))
+
+
+def qwen3_layers(v: dict, tc):
+    """The Qwen3 layer config of a DFlash-based variant `v` over the target config `tc`."""
+    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+
+    tl = Qwen3Config(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+                     intermediate_size=2 * tc.hidden_size, num_hidden_layers=v["layers"],
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": v["theta"]})
+    tl._attn_implementation = "eager"
+    return tl
+
+
+def share_target_head(m, target: dict, V: int, Vd: int, g: torch.Generator) -> torch.Tensor:
+    """The target's embedding and head into a speculators draft model `m` (no grad): with a draft
+    vocabulary (Vd < V) a random sorted subset of the head's rows, d2t and t2d to match. The
+    draft vocabulary's target ids."""
+    with torch.no_grad():
+        m.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
+        head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+        chosen = torch.arange(V)
+        if Vd != V:
+            chosen = torch.randperm(V, generator=g)[:Vd].sort().values
+            m.d2t.copy_(chosen - torch.arange(Vd))
+            t2d = torch.zeros(V, dtype=torch.bool)
+            t2d[chosen] = True
+            m.t2d.copy_(t2d)
+        m.lm_head.weight.copy_(head[chosen])
+    return chosen
+
+
 def randomize(m: torch.nn.Module, g: torch.Generator) -> None:
     with torch.no_grad():
         for pname, p in m.named_parameters():
@@ -48,15 +90,9 @@ def speculators_model(v: dict, tc, target: dict, g: torch.Generator):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-    V, H = tc.vocab_size, tc.hidden_size
-    tl = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=2 * H,
-                     num_hidden_layers=v["layers"], num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=4096,
-                     tie_word_embeddings=False,
-                     rope_parameters={"rope_type": "default", "rope_theta": v["theta"]})
-    tl._attn_implementation = "eager"
+    V = tc.vocab_size
+    tl = qwen3_layers(v, tc)
     B, Vd = v["block"], v["draft_vocab"]
     sfa = v["sample_from_anchor"]
     cfg = DSparkSpeculatorConfig(
@@ -71,18 +107,7 @@ def speculators_model(v: dict, tc, target: dict, g: torch.Generator):
             verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
     m = DSparkDraftModel(cfg).eval()
     randomize(m, g)
-    with torch.no_grad():
-        m.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
-        head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
-        chosen = torch.arange(V)
-        if Vd != V:
-            chosen = torch.randperm(V, generator=g)[:Vd].sort().values
-            m.d2t.copy_(chosen - torch.arange(Vd))
-            t2d = torch.zeros(V, dtype=torch.bool)
-            t2d[chosen] = True
-            m.t2d.copy_(t2d)
-        m.lm_head.weight.copy_(head[chosen])
-    return m, chosen
+    return m, share_target_head(m, target, V, Vd, g)
 
 
 def specforge_config(v: dict, tc, projector: str, architecture: str, **heads):
@@ -192,20 +217,14 @@ def replay(spec: dict) -> None:
 
 
 def main() -> None:
-    from transformers import AutoConfig
-
     if sys.argv[1] == "replay":
         replay(json.loads(Path(sys.argv[2]).read_text()))
         return
 
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(spec["out"])
-    tc = AutoConfig.from_pretrained(spec["target"])
-    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    spec, out, tc, target = load_spec()
     V, H = tc.vocab_size, tc.hidden_size
     embed = target["model.embed_tokens.weight"]
     target_head = target.get("lm_head.weight", embed)
-    torch.set_num_threads(1)
     for i, (name, v) in enumerate(spec["variants"].items()):
         g = torch.Generator().manual_seed(spec["seed"] + i)
         sf = v["format"] == "specforge"
