@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,20 @@ def run_oracle_script(script: str, *args: str, timeout: int = 900) -> subprocess
                        capture_output=True, text=True, timeout=timeout, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     return r
+
+
+def assert_refused(r, what: str, words: Sequence[str] = (), code: int | None = None) -> str:
+    """A draft run (a dict when it succeeded, else its CompletedProcess) that must have been
+    refused: a non-zero exit (`code` when given), no traceback, every word in its message. The
+    message."""
+    assert not isinstance(r, dict), f"{what} was accepted"
+    if code is None:
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    else:
+        assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    for w in words:
+        assert w in r.stderr, (what, w, r.stderr[-2000:])
+    return r.stderr
 
 
 def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
