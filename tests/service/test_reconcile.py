@@ -423,3 +423,43 @@ def test_replay_last_layer_state_flag(tmp_path):
     p = subprocess.run(base + ["--last_layer_state=pre"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2 and "--last_layer_state" in p.stderr
+
+
+def test_engine_features_audited_beside_the_acceptance(server_factory, tmp_path):
+    """Hidden states the engine dumped (vLLM's hs_*.safetensors layout) are audited against the
+    extractor's: the canonical ones pass; states one layer off are named first in the
+    diagnosis."""
+    from safetensors.torch import save_file
+    from specwire_client import ExtractorClient
+    import torch
+    ext = server_factory(TARGET, dtype="float32")
+    d = RECORDED / "t0"
+    served = sv.from_requests("vllm", sv.read_served(requests=d / "responses.jsonl").requests[:4])
+    records = [json.loads(x) for x in (d / "responses.jsonl").read_text().splitlines()][:4]
+    prompts = recorded_prompts("t0")[:4]
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    with ExtractorClient(ext.address) as c:
+        for i, (p, r) in enumerate(zip(prompts, records)):
+            seq = p + sv.completion_ids(r)
+            st = c.extract([seq], [0, 1, 2, 3], dtype="fp32")[0]
+            ids = torch.tensor(seq)
+            # vLLM's indices [1, 2, 4] (the drafter's aux ids) = layers 0, 1, 3.
+            save_file({"hidden_states": torch.stack([st["layer.0"], st["layer.1"], st["layer.3"]],
+                                                    1).contiguous(), "token_ids": ids},
+                      str(good / f"hs_{i}.safetensors"))
+            save_file({"hidden_states": torch.stack([st["layer.1"], st["layer.2"], st["layer.3"]],
+                                                    1).contiguous(), "token_ids": ids},
+                      str(bad / f"hs_{i}.safetensors"))
+    kw = dict(max_tokens=48, served_records=records, extractor=ext.address, replay=replay_bin(),
+              resamples=100)
+    r = rc.reconcile(served, DRAFTER, TARGET, prompts, features=good, **kw)
+    assert r.ok and r.audit["ok"] and r.primary.verdict == "identical", r.table()
+    r = rc.reconcile(served, DRAFTER, TARGET, prompts, features=bad, **kw)
+    assert not r.ok and not r.audit["ok"]
+    assert r.diagnosis.startswith("the engine's features are not the canonical ones"), r.table()
+    assert "off by" in r.diagnosis, r.diagnosis
+    with pytest.raises(ValueError, match="needs an extractor"):
+        rc.reconcile(served, DRAFTER, TARGET, prompts, features=good,
+                     **dict(kw, extractor=None))

@@ -36,7 +36,9 @@ extractor, the sampling rule (greedy vs the served temperature, drafts sampled v
 the served acceptance is compared with each. A cause that reproduces the served numbers exactly
 (T = 0) or within every interval is named; prompts that differ from the ones scored (another chat
 template or thinking flag) and served greedy completions that differ from the target's own are
-named before any of them.
+named before any of them, and so are, where the engine dumped its hidden states for these
+requests (`features`), the findings of specwire_client.audit on them (layer ids off, pre/post-norm,
+another order, other numerics).
 """
 from __future__ import annotations
 
@@ -478,6 +480,7 @@ class Reconciliation:
     hypotheses: list[Comparison]
     diagnosis: str
     settings: dict[str, Any]
+    audit: Optional[dict[str, Any]] = None  # the engine's features audited (AuditReport JSON)
 
     @property
     def ok(self) -> bool:
@@ -486,7 +489,8 @@ class Reconciliation:
     def to_json(self) -> dict[str, Any]:
         return {"served": self.served.to_json(), "canonical": self.primary.to_json(),
                 "checks": self.checks, "hypotheses": [h.to_json() for h in self.hypotheses],
-                "diagnosis": self.diagnosis, "settings": self.settings, "ok": self.ok}
+                "diagnosis": self.diagnosis, "settings": self.settings, "ok": self.ok,
+                "features_audit": self.audit}
 
     def table(self) -> str:
         p = self.primary
@@ -568,15 +572,52 @@ def _token_checks(served_records: Optional[Sequence[Mapping[str, Any]]],
     return out
 
 
+def _audit_engine_features(path, fmt: str, layer_ids: Optional[Sequence[int]], drafter, target,
+                           extractor: Optional[str]):
+    from .audit import audit_features, read_features
+    if extractor is None:
+        raise ValueError("features: auditing the engine's features needs an extractor "
+                         "(extractor=ADDR)")
+    L = _num_layers(target)
+    if layer_ids is None and fmt in ("vllm", "speculators"):
+        cfg = json.loads((Path(drafter) / "config.json").read_text())
+        key, ids, _ = _layer_key(cfg)
+        if ids is not None:
+            # The engine's hidden-state indices: speculators' ids are already; z-lab's and
+            # SpecForge's layer-output ids are one below.
+            layer_ids = ids if "speculators_model_type" in cfg else [i + 1 for i in ids]
+    samples = read_features(path, fmt, layer_ids=layer_ids,
+                            num_layers=L if layer_ids is not None else None)
+    return audit_features(extractor, samples)
+
+
+def _audit_findings(audit) -> list[str]:
+    out: list[str] = []
+    for s in audit.samples:
+        if s.tokens is not None and not s.tokens.equal:
+            out.append(f"sample {s.index}: token ids differ at {s.tokens.first_difference}")
+        for t in s.tensors:
+            out.extend(f for f in t.findings if f not in out)
+            if t.level not in ("identical", "rounding") and not t.findings:
+                out.append(f"{t.name}: {t.level}")
+    return out[:6] or ["see the audit"]
+
+
 def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union[str, Path],
               prompts: Sequence[Sequence[int]], *, max_tokens: int,
               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               ignore_eos: bool = True, served_records: Optional[Sequence[Mapping[str, Any]]] = None,
               extractor: Optional[str] = None, diagnose: str = "auto",
+              features: Union[str, Path, None] = None, features_format: str = "vllm",
+              features_layer_ids: Optional[Sequence[int]] = None,
               replay: Union[str, Path] = REPLAY, score: Union[str, Path] = SCORE,
               resamples: int = 1000, seed: int = 0) -> Reconciliation:
     """Scores `drafter` on `prompts` the canonical way at the served settings, compares, and
-    (diagnose "auto": when they differ; "always"; "never") tries every known cause."""
+    (diagnose "auto": when they differ; "always"; "never") tries every known cause. `features`:
+    hidden states the engine dumped (specwire_client.audit's formats; vLLM's hs_*.safetensors by
+    default, its slices declared as the drafter's layer ids in the engine's hidden-state indices
+    unless `features_layer_ids` says otherwise), audited against the extractor's canonical
+    ones: what is off there is named first."""
     if served.requests is not None and len(served.requests) != len(prompts):
         raise ValueError(f"{len(served.requests)} served requests for {len(prompts)} prompts")
     k = served.k
@@ -602,6 +643,13 @@ def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union
                                        [engine_steps(s, max_tokens) for s in steps])
         primary = compare(served, primary_run, resamples=resamples, seed=seed)
         checks = _token_checks(served_records, prompts, primary_run, temperature)
+        audit = None
+        if features is not None:
+            audit = _audit_engine_features(features, features_format, features_layer_ids,
+                                           drafter, target, extractor)
+            if not audit.ok:
+                checks.insert(0, "the engine's features are not the canonical ones: " +
+                              "; ".join(_audit_findings(audit)))
         tried: list[Comparison] = []
         run_all = diagnose == "always" or (diagnose == "auto" and primary.verdict == "differ")
         if run_all:
@@ -615,7 +663,8 @@ def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union
                 except (RuntimeError, ValueError) as e:
                     checks.append(f"hypothesis {h.name!r} could not be scored: {e}")
     diagnosis = _diagnose(primary, tried, checks)
-    return Reconciliation(served, primary, checks, tried, diagnosis, settings)
+    return Reconciliation(served, primary, checks, tried, diagnosis, settings,
+                          audit.to_json() if audit is not None else None)
 
 
 def _diagnose(primary: Comparison, tried: Sequence[Comparison], checks: Sequence[str]) -> str:
@@ -697,6 +746,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--replay", default=str(REPLAY))
     ap.add_argument("--score", default=str(SCORE))
     ap.add_argument("--diagnose", default="auto", choices=("auto", "always", "never"))
+    ap.add_argument("--features", help="hidden states the engine dumped for these prompts "
+                    "(e.g. vLLM's extract_hidden_states hs_*.safetensors): audited against the "
+                    "extractor's (needs --extractor)")
+    ap.add_argument("--features_format", default="vllm",
+                    help="their layout: vllm | speculators | specforge | hf | specwire-export")
+    ap.add_argument("--features_layer_ids", help="the engine's hidden-state indices of their "
+                    "slices, comma-separated (default: the drafter's layer ids)")
     ap.add_argument("--bootstrap_resamples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
@@ -742,7 +798,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       temperature=temperature, top_p=float(settings.get("top_p", 1.0)),
                       top_k=max(0, int(settings.get("top_k", 0))), ignore_eos=ignore_eos,
                       served_records=records,
-                      extractor=a.extractor, diagnose=a.diagnose, replay=a.replay,
+                      extractor=a.extractor, diagnose=a.diagnose, features=a.features,
+                      features_format=a.features_format,
+                      features_layer_ids=([int(x) for x in a.features_layer_ids.split(",")]
+                                          if a.features_layer_ids else None),
+                      replay=a.replay,
                       score=a.score, resamples=a.bootstrap_resamples, seed=a.seed)
     except (ServedFormatError, ValueError, RuntimeError, OSError) as e:
         print(f"reconcile: {e}", file=sys.stderr)
