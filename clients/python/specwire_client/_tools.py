@@ -1,5 +1,5 @@
-"""What the command-line tools share: where specwire's binaries are, and the provenance of what
-they report (the checkout's commit, the versions of the packages in play)."""
+"""What the client's tools share: where specwire's binaries are, file digests, and the provenance
+of what they report (the checkout's commit, the versions of the packages in play)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -7,6 +7,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Union
+
+import xxhash
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -20,6 +23,16 @@ def specwire_binary(name: str) -> Path:
     if (REPO / "build" / sub).exists():
         return REPO / "build" / sub
     return Path(shutil.which(name) or name)
+
+
+def file_digest(path: Union[str, Path], chunk: int = 1 << 20) -> str:
+    """xxh3-128 of a file's bytes, read in chunks ("xxh3-128:<hex>", as the contract's
+    digests)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "xxh3-128:" + h.hexdigest()
 
 
 def specwire_commit() -> str:

@@ -45,9 +45,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import xxhash
 
-from ._tools import package_versions, specwire_binary
+from ._tools import file_digest, package_versions, specwire_binary
 from .chat import ChatTemplate, TemplateRecord, tokenizer_encoder
 
 SCORE = specwire_binary("specwire-score")
@@ -185,10 +184,6 @@ def humaneval_file() -> Path:
     return Path(str(p))
 
 
-def file_digest(path: Union[str, Path]) -> str:
-    return "xxh3-128:" + xxhash.xxh3_128_hexdigest(Path(path).read_bytes())
-
-
 def read_benchmark(name: str, path: Union[str, Path, None] = None) -> list[BenchmarkPrompt]:
     if name not in READERS:
         raise BenchmarkFormatError(f"unknown benchmark {name!r} (one of {sorted(READERS)})")
@@ -251,11 +246,8 @@ def prepare(name: str, path: Union[str, Path, None], target: Union[str, Path], *
 
 
 def _interval(v: Any) -> Optional[list[float]]:
-    if isinstance(v, Mapping):
-        return [float(v["lo"]), float(v["hi"])]
-    if isinstance(v, list) and len(v) == 2:
-        return [float(v[0]), float(v[1])]
-    return None
+    """A report's interval ([lo, hi], or null without one)."""
+    return [float(v[0]), float(v[1])] if v else None
 
 
 def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optional[str] = None,

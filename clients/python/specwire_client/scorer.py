@@ -29,6 +29,7 @@ import xxhash
 
 from ._generated.proto.specwire.v1 import scorer_pb2 as spb
 from ._generated.proto.specwire.v1 import scorer_pb2_grpc as spb_grpc
+from ._tools import file_digest
 from .errors import ExtractorError
 
 CHUNK_BYTES = 1 << 20
@@ -68,14 +69,6 @@ class CheckpointScores:
     def tau(self) -> dict[str, float]:
         """{dataset: τ} of the eval sets scored ok."""
         return {k: v.tau for k, v in self.scores.items() if v.status == "ok"}
-
-
-def _digest_file(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK_BYTES):
-            h.update(block)
-    return "xxh3-128:" + h.hexdigest()
 
 
 def _config_bytes(config: ConfigLike) -> bytes:
@@ -150,7 +143,7 @@ class ScorerClient:
                 digest = "xxh3-128:" + xxhash.xxh3_128_hexdigest(src)
             else:
                 size = src.stat().st_size
-                digest = _digest_file(src)
+                digest = file_digest(src, CHUNK_BYTES)
             header.files.add(name=name, size=size, digest=digest)
 
         def messages() -> Iterator[spb.DrafterUpload]:

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
 #include "common/digest.h"
-#include "nlohmann/json.hpp"
 #include "common/status.h"
+#include "nlohmann/json.hpp"
 #include "services/scorer/job/trajectory_fetcher.h"
 
 namespace specwire {

@@ -58,13 +58,13 @@ struct ScoreStart {
   std::string chat_template_record;     // canonical, "" when the prompts carry none
 };
 
+// xxh3-128 of a file's bytes ("" when it cannot be read here: a path on another host).
+std::string FileDigestOrEmpty(const std::string& path);
+
 // What scores depend on beyond the numbers, as one JSON object (a report's "provenance", a
 // continuous-evaluation row's): specwire's version and commit, the target's weight, tokenizer and
 // template digests, the prompts' template record, both dtypes, and the digests of the prompt file
 // and the drafter checkpoint where the caller could read them ("" otherwise).
-// xxh3-128 of a file's bytes ("" when it cannot be read here: a path on another host).
-std::string FileDigestOrEmpty(const std::string& path);
-
 std::string ScoreProvenanceJson(const ExtractionContract& contract, const std::string& drafter_dtype,
                                 const std::string& chat_template_record,
                                 const std::string& dataset_digest,
