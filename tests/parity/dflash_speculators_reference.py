@@ -12,7 +12,9 @@ block, keys and values from [context ; block], every key visible: full attention
 DIR/name.cases.safetensors holds case.0.features and ref.logits [B − 1, Vd], metadata
 {"anchor": a}. A variant with "dflash2" is speculators' DFlash2DraftModel (random convolutions and
 selector): also ref.path [B − 1], z-lab's greedy walk over speculators' own candidate scores
-(speculators scores given predecessors; the walk feeds each chosen token back as the next one).
+(speculators scores given predecessors; the walk feeds each chosen token back as the next one),
+and ref.forced_logits [B − 1, V]: the selector's candidate scores (−inf elsewhere) with random
+predecessors ref.given [B − 2] after the anchor, the proposal's logits under teacher forcing.
 """
 from __future__ import annotations
 
@@ -91,11 +93,21 @@ def main() -> None:
                                              torch.tensor([[pred]]))
                     pred = int(cid[0, 0, int(scores[0, 0].argmax())])
                     path.append(pred)
+                # Teacher forcing: the candidate scores given random predecessors (the anchor,
+                # then tokens of a trajectory) in one call, as the package scores them.
+                given = torch.randint(0, V - 1, (B - 2,), generator=g)
+                cid, scores = sel.select(logits[None], normed[None],
+                                         torch.cat([torch.tensor([anchor]), given])[None])
+                forced = torch.full((B - 1, V), float("-inf"))
+                forced.scatter_(1, cid[0], scores[0].float())
         tensors = {"case.0.features": feats[0].contiguous(),
                    "ref.logits": logits.float().contiguous(),
                    "ref.chosen": chosen.to(torch.int64).contiguous()}
         if two:
+            assert Vd == V, "the DFlash2 variants have the full vocabulary"
             tensors["ref.path"] = torch.tensor(path, dtype=torch.int64)
+            tensors["ref.given"] = given.to(torch.int64).contiguous()
+            tensors["ref.forced_logits"] = forced.contiguous()
         save_file(tensors, str(out / f"{name}.cases.safetensors"), metadata={"anchor": str(anchor)})
     print(json.dumps({"variants": list(spec["variants"])}))
 

@@ -8,9 +8,10 @@ hidden-state indices, the last layer's index included), block sizes 4–16; DFla
 grouped dynamic convolutions and candidate selectors (kernel 1–3, groups of 8–32 channels,
 selector rank and top-k). The block's logits must agree within 1e-5 relative (fp32), tokens
 outside a draft vocabulary are −inf, and DFlash2's drafted path equals the greedy walk over the
-package's own candidate scores. The DFlash2 checkpoints are also written in z-lab's
+package's own candidate scores; under teacher forcing its scores (the logits of its proposal q at
+T > 0) are the package's given the trajectory's predecessors. The DFlash2 checkpoints are also written in z-lab's
 DFlash2DraftModel layout and checked against dflash 0.1.0's own model (forward, compute_logits,
-propose). Bad declarations are refused by name. About 20 s on two cores."""
+propose, and q at T > 0 given dflash's own sampled walk). Bad declarations are refused by name. About 20 s on two cores."""
 from __future__ import annotations
 
 import json
@@ -86,17 +87,25 @@ def oracle(tmp_path_factory):
     return {"root": root, "target": target, "variants": variants}
 
 
-def draft(oracle: dict, name: str, drafter: Path):
+def draft(oracle: dict, name: str, drafter: Path, given: list[int] | None = None):
+    """specwire-replay draft of the variant's block; with `given`, the block's draft positions
+    condition on those tokens (teacher forcing: a case trajectory after the anchor)."""
     out = oracle["root"] / "out"
     cases = out / f"{name}.cases.safetensors"
     with safe_open(str(cases), "pt") as f:
         anchor = int(f.metadata()["anchor"])
     c = load_file(str(cases))
     block = oracle["variants"][name]["block"]
-    inp = oracle["root"] / f"{drafter.name}.in.safetensors"
-    save_file({"case.0.features": c["case.0.features"]}, str(inp), metadata={"cases": json.dumps(
+    tag = "" if given is None else "-given"
+    inp = oracle["root"] / f"{drafter.name}{tag}.in.safetensors"
+    case = {"case.0.features": c["case.0.features"]}
+    if given is not None:  # rows past the context are never read; the trajectory is
+        feats = c["case.0.features"]
+        case["case.0.features"] = torch.cat([feats, feats.new_zeros(len(given) + 1, feats.shape[1])])
+        case["case.0.tokens"] = torch.tensor([0] * CONTEXT + [anchor] + list(given))
+    save_file(case, str(inp), metadata={"cases": json.dumps(
         [{"steps": [{"context_end": CONTEXT, "anchor": anchor, "len": block}]}])})
-    res = oracle["root"] / f"{drafter.name}.out.safetensors"
+    res = oracle["root"] / f"{drafter.name}{tag}.out.safetensors"
     r = subprocess.run([str(F.replay_binary()), "draft", f"--drafter={drafter}",
                         f"--target_checkpoint={oracle['target']}", f"--cases={inp}",
                         f"--out={res}", "--threads=1"], capture_output=True, text=True,
@@ -104,8 +113,33 @@ def draft(oracle: dict, name: str, drafter: Path):
     if r.returncode != 0:
         return r, c, None
     got = load_file(str(res))
-    # DFlash2's block logits before its selector (its "logits" are the selector's path).
+    if given is not None:
+        return r, c, got["case.0.step.0.logits"]
+    # DFlash2's block logits before its selector (its "logits" are the selector's scores).
     return r, c, got.get("case.0.step.0.block_logits", got["case.0.step.0.logits"])
+
+
+def assert_same_proposal(got: torch.Tensor, ref: torch.Tensor, what: str) -> float:
+    """Proposal logits that are −inf outside each row's candidates: the same candidates, and the
+    scores within TOL relative. The relative error."""
+    assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), what
+    finite = ~torch.isneginf(ref)
+    err = ((got[finite] - ref[finite]).norm() / ref[finite].norm()).item()
+    assert err < TOL, (what, err)
+    return err
+
+
+def test_dflash2_selector_q_under_teacher_forcing(oracle):
+    """DFlash2's proposal at T > 0 is the selector's softmax over its candidates, each position
+    scored from its predecessor: given a trajectory, the one before it in the trajectory."""
+    for name, v in oracle["variants"].items():
+        if not v.get("dflash2"):
+            continue
+        c = load_file(str(oracle["root"] / "out" / f"{name}.cases.safetensors"))
+        r, _, got = draft(oracle, name, oracle["root"] / "out" / name, c["ref.given"].tolist())
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        err = assert_same_proposal(got, c["ref.forced_logits"], name)
+        print(f"{name}: teacher-forced selector scores, relative error {err:.2e}")
 
 
 def test_forward_matches_speculators(oracle):
@@ -209,3 +243,15 @@ def test_dflash2_in_zlab_format_matches_dflash(oracle):
         assert err < TOL, (name, err)
         zpath = load_file(str(oracle["root"] / f"zlab-{name}.out.safetensors"))["case.0.step.0.path"]
         assert zpath.tolist() == path[0].tolist() == c["ref.path"].tolist(), name
+        # At T > 0 dflash's walk samples each position from q over its candidates and feeds the
+        # draw on: given those draws, specwire's q rows are dflash's.
+        for temperature in (0.6, 1.0, 1.7):
+            torch.manual_seed(int(1000 * temperature) + B)
+            with torch.no_grad():
+                sampled, cands, q_rows = z.propose(hidden, block[:, 0], hf.lm_head, temperature)
+            ref = torch.zeros(B - 1, 512, dtype=q_rows.dtype).scatter(1, cands[0], q_rows[0])
+            r, _, got = draft(oracle, name, zdir, sampled[0, :-1].tolist())
+            assert r.returncode == 0, (name, r.stderr[-2000:])
+            q = torch.softmax(got.double() / temperature, -1)
+            err = ((q - ref.double()).abs().max()).item()
+            assert err < 1e-5, (name, temperature, err)

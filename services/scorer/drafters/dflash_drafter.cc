@@ -839,20 +839,30 @@ at::Tensor DFlashDrafter::ToTargetVocabulary(const at::Tensor& head_logits) cons
 }
 
 std::vector<int64_t> DFlashDrafter::SelectPath(const at::Tensor& hidden, const at::Tensor& logits,
-                                               int64_t anchor) const {
+                                               int64_t anchor, std::span<const int64_t> given,
+                                               at::Tensor* scores) const {
   const Impl& m = *impl_;
   TORCH_CHECK(m.config.dflash2, "SelectPath: not a DFlash2 drafter");
   c10::InferenceMode guard;
   auto [unary, cand] = at::topk(logits.to(m.dtype), m.config.selector_top_k, -1, true,
                                 /*sorted=*/false);
   at::Tensor proj = at::linear(hidden.to(m.dtype), m.sel_proj);  // [n, r]
+  const int64_t n = hidden.size(0);
+  if (scores != nullptr) {
+    *scores = at::full({n, logits.size(-1)}, -std::numeric_limits<float>::infinity(),
+                       logits.options().dtype(at::kFloat));
+  }
   std::vector<int64_t> path;
   int64_t pred = anchor;
-  for (int64_t t = 0; t < hidden.size(0); ++t) {
+  for (int64_t t = 0; t < n; ++t) {
+    if (t > 0 && t - 1 < static_cast<int64_t>(given.size()) && given[t - 1] >= 0) {
+      pred = given[t - 1];
+    }
     at::Tensor context = m.sel_pred[pred] * proj[t];                            // [r]
     at::Tensor succ = m.sel_succ.index_select(0, cand[t]);                      // [k, r]
-    at::Tensor scores = unary[t] + (succ * context.unsqueeze(0)).sum(-1);       // [k]
-    pred = cand[t][scores.argmax().item<int64_t>()].item<int64_t>();
+    at::Tensor s = unary[t] + (succ * context.unsqueeze(0)).sum(-1);            // [k]
+    if (scores != nullptr) (*scores)[t].index_copy_(0, cand[t], s.to(at::kFloat));
+    pred = cand[t][s.argmax().item<int64_t>()].item<int64_t>();
     path.push_back(pred);
   }
   return path;
@@ -873,13 +883,14 @@ std::vector<int64_t> DFlash2Path(const DFlashDrafter& d, const at::Tensor& hidde
   return d.SelectPath(drafts, d.Logits(drafts), anchor);
 }
 
-// The path as logits: 0 at each draft, −inf elsewhere (its argmax is the path; the sampling
-// rules see a point mass).
-at::Tensor PathLogits(const std::vector<int64_t>& path, int64_t vocab) {
-  at::Tensor out = at::full({static_cast<int64_t>(path.size()), vocab},
-                            -std::numeric_limits<float>::infinity(), at::kFloat);
-  for (size_t i = 0; i < path.size(); ++i) out[i][path[i]] = 0.0f;
-  return out;
+// DFlash2's proposal logits of one block (SelectPath's scores; their argmax rows are the path
+// where `given` is the path), and the path.
+at::Tensor SelectorLogits(const DFlashDrafter& d, const at::Tensor& hidden, int64_t anchor,
+                          std::span<const int64_t> given, std::vector<int64_t>* path) {
+  at::Tensor drafts = hidden.narrow(0, 1, hidden.size(0) - 1);
+  at::Tensor scores;
+  *path = d.SelectPath(drafts, d.Logits(drafts), anchor, given, &scores);
+  return scores;
 }
 
 class DFlashSession : public DraftSession {
@@ -890,12 +901,9 @@ class DFlashSession : public DraftSession {
     drafter_->AppendContext(*cache_, features);
   }
   at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len,
-                         std::span<const int64_t>) override {
+                         std::span<const int64_t> given) override {
     hidden_ = drafter_->DraftHidden(*cache_, anchor, start, len);  // [len, H]
-    if (drafter_->config().dflash2) {
-      path_ = DFlash2Path(*drafter_, hidden_, anchor);
-      return PathLogits(path_, drafter_->config().layers.vocab_size);
-    }
+    if (drafter_->config().dflash2) return SelectorLogits(*drafter_, hidden_, anchor, given, &path_);
     return drafter_->Logits(hidden_.narrow(0, 1, hidden_.size(0) - 1));
   }
   std::map<std::string, at::Tensor> Inspect() const override {
@@ -920,6 +928,8 @@ class DFlashBlockDrafter : public BlockDrafter {
  public:
   explicit DFlashBlockDrafter(const DFlashDrafter* drafter) : drafter_(drafter) {}
   int32_t block_size() const override { return drafter_->config().block_size; }
+  // DFlash2's selector scores each position from its predecessor.
+  bool conditions_on_drafts() const override { return drafter_->config().dflash2; }
   std::unique_ptr<DraftSession> NewSession(int64_t capacity) override {
     return std::make_unique<DFlashSession>(drafter_, capacity);
   }
@@ -936,9 +946,9 @@ class DFlashBlockDrafter : public BlockDrafter {
     at::Tensor hidden = drafter_->DraftHidden(Caches(sessions), anchors, starts, len);
     if (drafter_->config().dflash2) {
       std::vector<at::Tensor> rows;
+      std::vector<int64_t> path;
       for (size_t r = 0; r < sessions.size(); ++r) {
-        rows.push_back(PathLogits(DFlash2Path(*drafter_, hidden[r], anchors[r]),
-                                  drafter_->config().layers.vocab_size));
+        rows.push_back(SelectorLogits(*drafter_, hidden[r], anchors[r], {}, &path));
       }
       return at::stack(rows);
     }

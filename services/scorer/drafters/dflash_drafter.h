@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -177,11 +178,18 @@ class DFlashDrafter {
   int64_t output_vocab_size() const;
   // The checkpoint it was loaded from (families built on this backbone read their heads here).
   const Checkpoint& checkpoint() const;
-  // DFlash2's greedy walk (z-lab's CandidateSelector.select at temperature 0): the drafts of
-  // positions 1..len−1 from their final-normed hidden states [len − 1, H] and logits [len − 1, V]
-  // (Logits of them), starting after `anchor`.
+  // DFlash2's walk over its selector (z-lab's CandidateSelector): positions 1..len−1 from their
+  // final-normed hidden states [len − 1, H] and logits [len − 1, V] (Logits of them), after
+  // `anchor`. Position t's candidates are the top selector_top_k of its logits, scored
+  // S_t(a, b) = logit_t(b) + <A(a) ⊙ P h_t, B(b)> from its predecessor a: the anchor at t = 0,
+  // then given[t − 1] (teacher forcing, or the drafts sampled so far), or past given's end (or
+  // where it holds −1) the walk's own greedy choice. Returns the greedy choices (the path: at
+  // temperature 0 with no `given`, the drafts), and in *scores [len − 1, V] fp32 each
+  // position's scores at its candidates, −inf elsewhere: the logits of the proposal q that
+  // vLLM's DFlash2 samples from by inverse CDF at T > 0 (softmax of scores / T over the K).
   std::vector<int64_t> SelectPath(const at::Tensor& hidden, const at::Tensor& logits,
-                                  int64_t anchor) const;
+                                  int64_t anchor, std::span<const int64_t> given = {},
+                                  at::Tensor* scores = nullptr) const;
 
   // RoPE inverse frequencies [rotary_dim / 2] (fp32) and cos/sin scaling (YaRN), for tests.
   const at::Tensor& inv_freq() const;

@@ -26,6 +26,7 @@ absl::StatusOr<LiveResult> RunLiveLoop(
   const int64_t B = drafter->block_size();
   const int64_t max_length = P + settings.max_new_tokens;
   const bool sample_drafts = settings.rule == kRuleDraftDistribution;
+  const bool conditioned = drafter->conditions_on_drafts();
   const SamplingParams sampling{settings.setting.temperature, settings.setting.top_p,
                                 settings.setting.top_k};
   auto is_stop = [&](int64_t t) {
@@ -52,9 +53,16 @@ absl::StatusOr<LiveResult> RunLiveLoop(
     std::vector<float> probs;
     t0 = std::chrono::steady_clock::now();
     if (len >= 2) {
-      const at::Tensor logits = session->DraftLogits(pending, pos, len).to(at::kFloat);
+      at::Tensor logits = session->DraftLogits(pending, pos, len).to(at::kFloat);
       if (sample_drafts) {
         for (int64_t i = 0; i < len - 1; ++i) {
+          // A family whose positions condition on the drafts before them (a chain, a Markov
+          // head, a selector) drafts position i given the tokens sampled so far: its rows
+          // past `given` follow its own greedy drafts, so they are recomputed only where the
+          // last draw left the row's argmax.
+          if (i > 0 && conditioned && draft.back() != logits[i - 1].argmax().item<int64_t>()) {
+            logits = session->DraftLogits(pending, pos, len, draft).to(at::kFloat);
+          }
           const at::Tensor q = SamplingDistribution(logits[i], sampling);
           // Even streams from 2: the session draws from stream 0 and the odd streams 2L + 1 of
           // the same seed, and a draft must not reuse a uniform the target's past tests used.

@@ -9,6 +9,9 @@
 // max_new_tokens) each step's length is cut at the end as the replay cuts it, so under greedy
 // verification the step lengths equal the replay's on the same trajectory. Drafts sampled from
 // q draw UniformAt(seed, 2 · start + 2, i): streams the target session (0 and 2L + 1) never uses.
+// Where the family's positions condition on earlier drafts (BlockDrafter::conditions_on_drafts),
+// draft i is drawn from its q given the drafts drawn before it, as the serving engines sample a
+// chain (and DFlash2's selector walk).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,6 +1,7 @@
 #include "services/scorer/replay/replay.h"
 
 #include "services/scorer/replay/ddtree.h"
+#include "services/scorer/replay/live_loop.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -212,6 +213,89 @@ TEST(DDTreeTest, DepthLimitAndBudgetCap) {
   EXPECT_EQ(DDTreeAccepted(lp, {0, 0, 0}, 100), 3);  // depth ≤ D
   EXPECT_EQ(DDTreeAccepted(lp, {0, 1, 0}, 100), 3);  // k = min(budget, V): every branch present
   EXPECT_EQ(DDTreeAccepted(lp, {0, 1, 0}, 4), 1);
+}
+
+// A chain drafter: position k's logits depend on the token before it (given[k − 2], the anchor
+// at k = 1, its own argmax past `given`): the successor of that token is likely, every other
+// token possible.
+class ChainDrafter : public BlockDrafter {
+ public:
+  static at::Tensor Row(int64_t before) {
+    at::Tensor row = at::arange(kVocab, at::kFloat).mul(0.05);
+    row[(before * 5 + 1) % kVocab] += 1.5;
+    return row;
+  }
+  int32_t block_size() const override { return 5; }
+  bool conditions_on_drafts() const override { return true; }
+  std::unique_ptr<DraftSession> NewSession(int64_t) override { return std::make_unique<Session>(); }
+
+ private:
+  class Session : public DraftSession {
+   public:
+    void AppendContext(const at::Tensor&, std::span<const int64_t>) override {}
+    at::Tensor DraftLogits(int64_t anchor, int64_t, int64_t len,
+                           std::span<const int64_t> given) override {
+      std::vector<at::Tensor> rows;
+      int64_t before = anchor;
+      for (int64_t k = 1; k < len; ++k) {
+        if (k >= 2 && k - 2 < static_cast<int64_t>(given.size())) before = given[k - 2];
+        rows.push_back(Row(before));
+        before = rows.back().argmax().item<int64_t>();
+      }
+      return at::stack(rows);
+    }
+  };
+};
+
+// A target that rejects every draft and records what it was sent.
+class RecordingTarget : public LiveTarget {
+ public:
+  absl::StatusOr<Verified> Verify(const std::vector<int64_t>& draft,
+                                  const std::vector<float>& draft_probs, bool) override {
+    drafts.push_back(draft);
+    probs.push_back(draft_probs);
+    Verified v;
+    v.next_token = static_cast<int64_t>(drafts.size()) % kVocab;
+    v.states.push_back(FeatureState{0, DType::kF32, 1, 1, std::vector<std::byte>(4)});
+    return v;
+  }
+  absl::Status Commit(int64_t) override { return absl::OkStatus(); }
+  std::vector<std::vector<int64_t>> drafts;
+  std::vector<std::vector<float>> probs;
+};
+
+TEST(LiveLoopTest, ChainDraftsAreSampledGivenTheDraftsBeforeThem) {
+  ChainDrafter drafter;
+  RecordingTarget target;
+  LiveStart start{{1, 2, 3}, 4, {FeatureState{0, DType::kF32, 3, 1, std::vector<std::byte>(12)}}};
+  LiveSettings settings;
+  settings.setting = SamplingSetting{1.0, 1, 0};
+  settings.rule = kRuleDraftDistribution;
+  settings.seed = 7;
+  settings.max_new_tokens = 40;
+  absl::StatusOr<LiveResult> r = RunLiveLoop(
+      &drafter, start, target, settings,
+      [](const std::vector<FeatureState>& f) { return at::zeros({f[0].rows, 1}); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  int64_t pending = 4, off_argmax = 0;
+  for (size_t step = 0; step < target.drafts.size(); ++step) {
+    const std::vector<int64_t>& d = target.drafts[step];
+    ASSERT_EQ(target.probs[step].size(), d.size() * kVocab);
+    for (size_t i = 0; i < d.size(); ++i) {
+      const int64_t before = i == 0 ? pending : d[i - 1];
+      const at::Tensor want = at::softmax(ChainDrafter::Row(before).to(at::kDouble), 0);
+      for (int64_t x = 0; x < kVocab; ++x) {
+        EXPECT_NEAR(target.probs[step][i * kVocab + x], want[x].item<double>(), 1e-6)
+            << "step " << step << " draft " << i << " token " << x;
+      }
+      const int64_t drawn_from = i == 0 ? -1 : (i == 1 ? pending : d[i - 2]);
+      if (i > 0 && d[i - 1] != ChainDrafter::Row(drawn_from).argmax().item<int64_t>()) {
+        ++off_argmax;
+      }
+    }
+    pending = static_cast<int64_t>(step + 1) % kVocab;
+  }
+  EXPECT_GT(off_argmax, 5) << "the draws must leave the argmax chain for the test to mean much";
 }
 
 }  // namespace
