@@ -135,8 +135,8 @@ echo
 echo "reports: $OUT/report.json"
 echo "         $OUT/report.html"
 
-say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path), EAGLE-3 (a chain; EAGLE's top-k tree) and an MTP head (a chain)"
-for family in dflash2 eagle3 mtp; do
+say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path), DSpark (a block with a Markov head and a confidence head), EAGLE-3 (a chain; EAGLE's top-k tree) and an MTP head (a chain)"
+for family in dflash2 dspark eagle3 mtp; do
   "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-$family" \
     --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
     --max_new_tokens="$MAX_NEW_TOKENS" --drafter_label="tiny-qwen3-$family" \
@@ -144,17 +144,21 @@ for family in dflash2 eagle3 mtp; do
     --html_out="$OUT/report-$family.html" --scorer_timeout=600 --quiet \
     > "$LOGS/score-$family.log" 2> "$LOGS/score-$family-progress.log"
 done
-"$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-eagle3.json" \
-  "$OUT/report-mtp.json" "$MODELS" <<'EOF'
+"$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-dspark.json" \
+  "$OUT/report-eagle3.json" "$OUT/report-mtp.json" "$MODELS" <<'EOF'
 import json, sys
 from pathlib import Path
 print(f"{'drafter':<20} {'method':<7} {'format':<12} {'drafts/step':>11} {'tau':>6} "
       f"{'95% interval':>16} {'pooled':>7} {'steps':>6}  {'tree (8 nodes)':<20}")
+predicted = []
 for path in sys.argv[1:-1]:
     r = json.load(open(path))
     s, labels = r["summary"], r["labels"]
     cfg = json.load(open(Path(sys.argv[-1]) / labels["drafter"] / "config.json"))
-    fmt = "speculators" if cfg.get("speculators_model_type") else "z-lab"
+    fmt = ("speculators" if cfg.get("speculators_model_type") else
+           "specforge" if cfg.get("dflash_config", {}).get("projector_type") else "z-lab")
+    if s.get("predicted_acceptance"):
+        predicted.append((labels["drafter"], s["predicted_acceptance"]))
     ci = s.get("tau_mean_of_means_ci") or [float("nan")] * 2
     # The tree each family verifies with: DDTree-8, EAGLE's top-k tree of 8 nodes, or none.
     tree = s.get("tree", {}).get("method", "ddtree")
@@ -164,8 +168,16 @@ for path in sys.argv[1:-1]:
     print(f"{labels['drafter']:<20} {labels['method']:<7} {fmt:<12} {s['block_size'] - 1:>11} "
           f"{s['tau_mean_of_means']:>6.3f} {f'[{ci[0]:.3f}, {ci[1]:.3f}]':>16} "
           f"{s['tau_pooled']:>7.3f} {s['steps']:>6}  {cell:<20}")
+for name, pa in predicted:
+    print(f"\n{name}: its confidence head's predicted acceptance against the observed")
+    print("  position " + "".join(f"{row['position']:>6}" for row in pa["calibration"][:8]))
+    print("  predicted" + "".join(f"{row['predicted']:>6.2f}" for row in pa["calibration"][:8]))
+    print("  observed " + "".join(f"{row['observed']:>6.2f}" for row in pa["calibration"][:8]))
+    for c in pa["cutoffs"]:
+        print(f"  verify while predicted survival >= {c['cutoff']:.1f}: tau "
+              f"{c['tau_mean_of_means']:.3f} (pooled {c['tau_pooled']:.3f})")
 EOF
-echo "reports: $OUT/report-dflash2.json $OUT/report-eagle3.json $OUT/report-mtp.json"
+echo "reports: $OUT/report-dflash2.json $OUT/report-dspark.json $OUT/report-eagle3.json $OUT/report-mtp.json"
 
 say "metrics (Prometheus text format)"
 echo "extractor: http://127.0.0.1:$EXTRACTOR_METRICS/metrics"

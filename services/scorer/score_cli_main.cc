@@ -103,6 +103,10 @@ ABSL_FLAG(int64_t, token_window, 64,
 ABSL_FLAG(std::string, temperature, "",
           "Teacher-forced acceptance at T > 0: settings \"T[:top_p[:top_k]]\", comma-separated "
           "(e.g. \"0.6:0.95:20,1.0\"); each reports tau_prob under both verification rules.");
+ABSL_FLAG(std::string, dspark_cutoff, "0.3,0.5,0.7",
+          "For families that predict their own acceptance (DSpark's confidence head), reported "
+          "beside tau with the calibration table: the predicted-survival cutoffs of an adaptive "
+          "verify length (comma-separated in [0, 1]; \"none\" for none), each with its tau.");
 ABSL_FLAG(std::string, live, "",
           "The real loop instead of the greedy replay, at a setting \"T[:top_p[:top_k]]\" (\"0\": "
           "greedy): each prompt through a live verification session on the extractor, the "
@@ -273,6 +277,8 @@ absl::StatusOr<ScoreSpec> SpecFromFlags(const std::string& drafter) {
   s.summary.bootstrap.seed = absl::GetFlag(FLAGS_bootstrap_seed);
   s.summary.token_window = absl::GetFlag(FLAGS_token_window);
   SW_ASSIGN_OR_RETURN(s.sampling, ParseSamplingSettings(absl::GetFlag(FLAGS_temperature)));
+  SW_ASSIGN_OR_RETURN(s.predicted_cutoffs,
+                      ParseSurvivalCutoffs(absl::GetFlag(FLAGS_dspark_cutoff), "--dspark_cutoff"));
   if (!absl::GetFlag(FLAGS_live).empty()) {
     auto live = ParseSamplingSettings(absl::GetFlag(FLAGS_live));
     if (!live.ok() || live->size() != 1) {

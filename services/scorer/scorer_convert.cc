@@ -16,6 +16,19 @@ void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out) {
     for (int32_t v : lengths) l.add_lengths(static_cast<uint32_t>(v));
   }
   out->set_finish_reason(s.finish_reason);
+  if (const std::optional<PredictedAcceptance>& p = s.acceptance.predicted) {
+    v1::PredictedAcceptanceRecord* r = out->mutable_predicted_acceptance();
+    for (size_t i = 0; i < p->accepted.size() && i < p->predicted.size(); ++i) {
+      r->add_accepted(static_cast<uint32_t>(p->accepted[i]));
+      r->add_drafts(static_cast<uint32_t>(p->predicted[i].size()));
+      for (float c : p->predicted[i]) r->add_predicted(c);
+    }
+    for (const auto& [cutoff, lengths] : p->cut_step_lengths) {
+      v1::CutoffSteps* c = r->add_cutoffs();
+      c->set_cutoff(cutoff);
+      for (int32_t v : lengths) c->add_step_lengths(static_cast<uint32_t>(v));
+    }
+  }
 }
 
 PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
@@ -31,6 +44,21 @@ PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
   }
   s.tau = p.tau();
   s.finish_reason = p.finish_reason();
+  if (p.has_predicted_acceptance()) {
+    const v1::PredictedAcceptanceRecord& r = p.predicted_acceptance();
+    PredictedAcceptance x;
+    int offset = 0;
+    for (int i = 0; i < r.accepted_size() && i < r.drafts_size(); ++i) {
+      x.accepted.push_back(static_cast<int32_t>(r.accepted(i)));
+      const int n = std::min<int>(static_cast<int>(r.drafts(i)), r.predicted_size() - offset);
+      x.predicted.emplace_back(r.predicted().begin() + offset, r.predicted().begin() + offset + n);
+      offset += n;
+    }
+    for (const v1::CutoffSteps& c : r.cutoffs()) {
+      x.cut_step_lengths[c.cutoff()].assign(c.step_lengths().begin(), c.step_lengths().end());
+    }
+    s.acceptance.predicted = std::move(x);
+  }
   return s;
 }
 
@@ -121,6 +149,28 @@ void SummaryToProto(const AcceptanceSummary& s, v1::AcceptanceSummary* out) {
     for (double a : t.alpha) o->add_alpha(a);
     for (int64_t n : t.alpha_blocks) o->add_alpha_blocks(static_cast<uint64_t>(n));
   }
+  if (s.predicted_acceptance) {
+    v1::PredictedAcceptanceSummary* p = out->mutable_predicted_acceptance();
+    for (const CalibrationRow& row : s.predicted_acceptance->calibration) {
+      v1::CalibrationRow* o = p->add_calibration();
+      o->set_position(static_cast<uint32_t>(row.position));
+      o->set_blocks(static_cast<uint64_t>(row.blocks));
+      o->set_predicted(row.predicted);
+      o->set_observed(row.observed);
+    }
+    for (const CutoffTau& c : s.predicted_acceptance->cutoffs) {
+      v1::CutoffTau* o = p->add_cutoffs();
+      o->set_cutoff(c.cutoff);
+      o->set_responses(static_cast<uint64_t>(c.tau.responses));
+      o->set_steps(static_cast<uint64_t>(c.tau.steps));
+      o->set_tau_mean_of_means(c.tau.mean_of_means);
+      if (c.tau.mean_of_means_ci) {
+        set_interval(c.tau.mean_of_means_ci, o->mutable_tau_mean_of_means_ci());
+      }
+      o->set_tau_pooled(c.tau.pooled);
+      if (c.tau.pooled_ci) set_interval(c.tau.pooled_ci, o->mutable_tau_pooled_ci());
+    }
+  }
 }
 
 AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
@@ -166,6 +216,26 @@ AcceptanceSummary SummaryFromProto(const v1::AcceptanceSummary& p) {
     t.alpha.assign(x.alpha().begin(), x.alpha().end());
     t.alpha_blocks.assign(x.alpha_blocks().begin(), x.alpha_blocks().end());
     s.temperature.push_back(t);
+  }
+  if (p.has_predicted_acceptance()) {
+    PredictedAcceptanceSummary x;
+    for (const v1::CalibrationRow& row : p.predicted_acceptance().calibration()) {
+      x.calibration.push_back({static_cast<int32_t>(row.position()),
+                               static_cast<int64_t>(row.blocks()), row.predicted(),
+                               row.observed()});
+    }
+    for (const v1::CutoffTau& c : p.predicted_acceptance().cutoffs()) {
+      CutoffTau t;
+      t.cutoff = c.cutoff();
+      t.tau.responses = static_cast<int64_t>(c.responses());
+      t.tau.steps = static_cast<int64_t>(c.steps());
+      t.tau.mean_of_means = c.tau_mean_of_means();
+      t.tau.mean_of_means_ci = interval(c.has_tau_mean_of_means_ci(), c.tau_mean_of_means_ci());
+      t.tau.pooled = c.tau_pooled();
+      t.tau.pooled_ci = interval(c.has_tau_pooled_ci(), c.tau_pooled_ci());
+      x.cutoffs.push_back(t);
+    }
+    s.predicted_acceptance = std::move(x);
   }
   if (!p.loop().empty()) s.loop = p.loop();
   if (p.has_live()) {
@@ -252,6 +322,8 @@ ScoreSpec SpecFromProto(const v1::ScoreRequest& r) {
     t.top_k = static_cast<int32_t>(std::min<uint32_t>(x.top_k(), INT32_MAX));
     s.sampling.push_back(t);
   }
+  s.predicted_cutoffs.assign(r.predicted_acceptance_cutoffs().begin(),
+                             r.predicted_acceptance_cutoffs().end());
   if (r.has_live()) {
     s.live.enabled = true;
     s.live.setting.temperature = r.live().sampling().temperature();
@@ -292,6 +364,7 @@ void SpecToProto(const ScoreSpec& s, v1::ScoreRequest* out) {
     t->set_top_p(x.top_p);
     t->set_top_k(static_cast<uint32_t>(std::max(0, x.top_k)));
   }
+  for (double c : s.predicted_cutoffs) out->add_predicted_acceptance_cutoffs(c);
   if (s.live.enabled) {
     v1::LiveLoop* l = out->mutable_live();
     l->mutable_sampling()->set_temperature(s.live.setting.temperature);

@@ -110,12 +110,14 @@ def test_every_server_stopped(demo):
 
 
 def test_drafter_families_side_by_side(demo):
-    """The committed DFlash2 (z-lab format), EAGLE-3 and MTP (speculators format) drafters scored
-    beside the DFlash one: their reports carry their method labels, and the comparison table
-    matches the four reports."""
+    """The committed DFlash2 (z-lab format), DSpark (SpecForge format), EAGLE-3 and MTP
+    (speculators format) drafters scored beside the DFlash one: their reports carry their method
+    labels, the comparison table matches the five reports, and DSpark's confidence head is
+    printed against the observed acceptance as its report has it."""
     text, out = demo["stdout"], demo["out"]
     reports = {"tiny-qwen3-dflash": demo["report"],
                "tiny-qwen3-dflash2": json.loads((out / "report-dflash2.json").read_text()),
+               "tiny-qwen3-dspark": json.loads((out / "report-dspark.json").read_text()),
                "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text()),
                "tiny-qwen3-mtp": json.loads((out / "report-mtp.json").read_text())}
     d2 = reports["tiny-qwen3-dflash2"]
@@ -129,6 +131,16 @@ def test_drafter_families_side_by_side(demo):
     assert e3["summary"]["tree"] == {"method": "eagle", "depth": 5, "top_k": 8}
     assert list(e3["summary"]["ddtree_tau"]) == ["8"]
     assert d2["summary"]["tree"]["method"] == ""
+    ds = reports["tiny-qwen3-dspark"]
+    assert ds["labels"]["method"] == "dspark" and ds["summary"]["block_size"] == 17
+    pa = ds["summary"]["predicted_acceptance"]
+    assert [c["cutoff"] for c in pa["cutoffs"]] == [0.3, 0.5, 0.7]
+    printed = re.search(r"^  predicted((?:\s+[\d.]+)+)\s*$", text, re.M)
+    assert printed, text[-3000:]
+    assert [float(x) for x in printed.group(1).split()] == pytest.approx(
+        [row["predicted"] for row in pa["calibration"][:8]], abs=5e-3)
+    assert all("predicted_acceptance" not in r["summary"] for n, r in reports.items()
+               if n != "tiny-qwen3-dspark")
     mtp = reports["tiny-qwen3-mtp"]
     assert mtp["labels"]["method"] == "mtp" and mtp["summary"]["block_size"] == 4
     assert not mtp["summary"]["ddtree_tau"] and mtp["summary"]["tree"]["method"] == ""
@@ -153,3 +165,4 @@ def test_drafter_families_side_by_side(demo):
         assert e3["summary"]["tau_mean_of_means"] >= 2.0, e3["summary"]
         assert d2["summary"]["tau_mean_of_means"] >= 2.0, d2["summary"]
         assert mtp["summary"]["tau_mean_of_means"] >= 2.0, mtp["summary"]
+        assert ds["summary"]["tau_mean_of_means"] >= 2.0, ds["summary"]

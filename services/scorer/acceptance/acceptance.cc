@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace specwire {
@@ -89,6 +91,64 @@ std::vector<TemperatureSummary> SummarizeSampled(const std::vector<ResponseAccep
 
 }  // namespace
 
+absl::StatusOr<std::vector<double>> ParseSurvivalCutoffs(const std::string& text,
+                                                         const std::string& flag) {
+  std::vector<double> out;
+  if (text.empty() || text == "none") return out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v) || !(v >= 0 && v <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": \"", part, "\" is not a survival probability in [0, 1]"));
+    }
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::optional<PredictedAcceptanceSummary> SummarizePredicted(
+    const std::vector<const PredictedAcceptance*>& responses, const BootstrapOptions& bootstrap) {
+  std::vector<int64_t> reached, accepted;
+  std::vector<double> predicted;
+  std::map<double, std::vector<const std::vector<int32_t>*>> cuts;
+  bool any = false;
+  for (const PredictedAcceptance* r : responses) {
+    if (r == nullptr) continue;
+    any = true;
+    for (size_t s = 0; s < r->accepted.size() && s < r->predicted.size(); ++s) {
+      const std::vector<float>& c = r->predicted[s];
+      if (reached.size() < c.size()) {
+        reached.resize(c.size(), 0);
+        accepted.resize(c.size(), 0);
+        predicted.resize(c.size(), 0.0);
+      }
+      for (size_t k = 1; k <= c.size() && r->accepted[s] >= static_cast<int32_t>(k) - 1; ++k) {
+        ++reached[k - 1];
+        predicted[k - 1] += c[k - 1];
+        if (r->accepted[s] >= static_cast<int32_t>(k)) ++accepted[k - 1];
+      }
+    }
+    for (const auto& [cutoff, lengths] : r->cut_step_lengths) cuts[cutoff].push_back(&lengths);
+  }
+  if (!any) return std::nullopt;
+  PredictedAcceptanceSummary out;
+  for (size_t k = 0; k < reached.size(); ++k) {
+    if (reached[k] == 0) continue;
+    out.calibration.push_back({static_cast<int32_t>(k + 1), reached[k],
+                               predicted[k] / static_cast<double>(reached[k]),
+                               static_cast<double>(accepted[k]) / static_cast<double>(reached[k])});
+  }
+  uint64_t i = 0;
+  for (const auto& [cutoff, lists] : cuts) {
+    BootstrapOptions o = bootstrap;
+    o.seed += 0x9e3779b97f4a7c15ull * ++i;  // independent of the chain's resamples
+    out.cutoffs.push_back({cutoff, EstimateTau(lists, o)});
+  }
+  return out;
+}
+
 AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, int32_t block_size,
                             const SummaryOptions& options) {
   AcceptanceSummary s;
@@ -150,6 +210,11 @@ AcceptanceSummary Summarize(const std::vector<ResponseAcceptance>& responses, in
     }
   }
   s.temperature = SummarizeSampled(responses, options.bootstrap);
+  std::vector<const PredictedAcceptance*> predicted;
+  for (const ResponseAcceptance& r : responses) {
+    if (r.predicted) predicted.push_back(&*r.predicted);
+  }
+  if (!predicted.empty()) s.predicted_acceptance = SummarizePredicted(predicted, options.bootstrap);
   return s;
 }
 
@@ -197,6 +262,28 @@ absl::StatusOr<std::optional<Interval>> IntervalFromJson(const nlohmann::json& j
 }
 
 }  // namespace
+
+nlohmann::json PredictedAcceptanceJson(const PredictedAcceptanceSummary& p) {
+  nlohmann::json calibration = nlohmann::json::array();
+  for (const CalibrationRow& row : p.calibration) {
+    calibration.push_back({{"position", row.position},
+                           {"blocks", row.blocks},
+                           {"predicted", row.predicted},
+                           {"observed", row.observed},
+                           {"gap", row.predicted - row.observed}});
+  }
+  nlohmann::json cutoffs = nlohmann::json::array();
+  for (const CutoffTau& c : p.cutoffs) {
+    cutoffs.push_back({{"cutoff", c.cutoff},
+                       {"responses", c.tau.responses},
+                       {"steps", c.tau.steps},
+                       {"tau_mean_of_means", c.tau.mean_of_means},
+                       {"tau_mean_of_means_ci", IntervalJson(c.tau.mean_of_means_ci)},
+                       {"tau_pooled", c.tau.pooled},
+                       {"tau_pooled_ci", IntervalJson(c.tau.pooled_ci)}});
+  }
+  return {{"calibration", calibration}, {"cutoffs", cutoffs}};
+}
 
 std::string AcceptanceSummaryToJson(const AcceptanceSummary& s) {
   nlohmann::json j;
@@ -260,6 +347,9 @@ std::string AcceptanceSummaryToJson(const AcceptanceSummary& s) {
                            {"alpha_blocks", t.alpha_blocks}});
   }
   j["temperature"] = temperature;
+  if (s.predicted_acceptance) {
+    j["predicted_acceptance"] = PredictedAcceptanceJson(*s.predicted_acceptance);
+  }
   j["tree"] = {{"method", s.tree_method}, {"depth", s.tree_depth}, {"top_k", s.tree_top_k}};
   j["loop"] = s.loop;
   if (s.live) {
@@ -370,6 +460,31 @@ absl::StatusOr<AcceptanceSummary> AcceptanceSummaryFromJson(const std::string& t
         t.alpha_blocks = v.value("alpha_blocks", std::vector<int64_t>{});
         s.temperature.push_back(t);
       }
+    }
+    key = "predicted_acceptance";
+    if (j.contains(key) && !j[key].is_null()) {
+      PredictedAcceptanceSummary p;
+      for (const auto& row : j[key].at("calibration")) {
+        p.calibration.push_back({row.at("position").get<int32_t>(), row.at("blocks").get<int64_t>(),
+                                 row.at("predicted").get<double>(),
+                                 row.at("observed").get<double>()});
+      }
+      for (const auto& c : j[key].at("cutoffs")) {
+        CutoffTau t;
+        t.cutoff = c.at("cutoff").get<double>();
+        t.tau.responses = c.value("responses", int64_t{0});
+        t.tau.steps = c.value("steps", int64_t{0});
+        t.tau.mean_of_means = c.at("tau_mean_of_means").get<double>();
+        t.tau.pooled = c.at("tau_pooled").get<double>();
+        auto m = IntervalFromJson(c.value("tau_mean_of_means_ci", nlohmann::json()), key);
+        if (!m.ok()) return m.status();
+        auto pooled = IntervalFromJson(c.value("tau_pooled_ci", nlohmann::json()), key);
+        if (!pooled.ok()) return pooled.status();
+        t.tau.mean_of_means_ci = *m;
+        t.tau.pooled_ci = *pooled;
+        p.cutoffs.push_back(t);
+      }
+      s.predicted_acceptance = std::move(p);
     }
     key = "tree";
     if (j.contains(key)) {

@@ -66,6 +66,17 @@ struct SampledAcceptance {
   std::vector<int64_t> alpha_blocks;  //   that drafted it (within the trajectory)
 };
 
+// A family's own prediction of each draft's acceptance (DSpark's confidence head) beside its
+// greedy chain, for one response: each chain step's accepted drafts a and predictions
+// c_1 .. c_{len − 1}, and for each cutoff the steps of an adaptive verify length: a step
+// verifies the leading L drafts whose predicted survival c_1 · … · c_L stays at or above the
+// cutoff, and produces min(a, L) + 1.
+struct PredictedAcceptance {
+  std::vector<int32_t> accepted;               // per chain step: a
+  std::vector<std::vector<float>> predicted;   // per chain step: c_1 .. c_{len − 1}
+  std::map<double, std::vector<int32_t>> cut_step_lengths;  // per cutoff
+};
+
 // One response's replay.
 struct ResponseAcceptance {
   std::vector<int32_t> step_lengths;  // a + 1 per drafting step, in order
@@ -75,7 +86,33 @@ struct ResponseAcceptance {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   std::vector<SampledAcceptance> sampled;  // one per (setting, rule) asked for
+  std::optional<PredictedAcceptance> predicted;  // families that predict their acceptance
 };
+
+// The predictions against what happened, over the responses: per draft position k, the blocks
+// that reached it (every earlier draft accepted), their mean predicted c_k and the share of them
+// whose draft k was accepted; per cutoff, τ of the adaptive verify length.
+struct CalibrationRow {
+  int32_t position = 0;  // 1-based draft position
+  int64_t blocks = 0;
+  double predicted = 0;
+  double observed = 0;
+};
+struct CutoffTau {
+  double cutoff = 0;
+  TauEstimate tau;
+};
+struct PredictedAcceptanceSummary {
+  std::vector<CalibrationRow> calibration;  // positions some block reached
+  std::vector<CutoffTau> cutoffs;           // ascending
+};
+// Cutoffs as a flag gives them: comma-separated survival probabilities in [0, 1], "" or "none"
+// for none; sorted, without repeats. INVALID_ARGUMENT naming `flag` and the entry.
+absl::StatusOr<std::vector<double>> ParseSurvivalCutoffs(const std::string& text,
+                                                         const std::string& flag);
+// nullopt when no response carries a prediction.
+std::optional<PredictedAcceptanceSummary> SummarizePredicted(
+    const std::vector<const PredictedAcceptance*>& responses, const BootstrapOptions& bootstrap);
 
 // Teacher-forced acceptance at one (setting, rule) over the responses.
 struct TemperatureSummary {
@@ -137,6 +174,8 @@ struct AcceptanceSummary {
   std::vector<TokenWindow> windows;
   // Teacher-forced acceptance at T > 0, per (setting, rule) in the order asked for.
   std::vector<TemperatureSummary> temperature;
+  // The family's own acceptance prediction against the observed (DSpark), when it has one.
+  std::optional<PredictedAcceptanceSummary> predicted_acceptance;
   SummaryOptions options;  // what the intervals and windows were computed with
   // The tree behind ddtree_tau (its budgets are the map's keys): set by the job, which knows
   // the drafter; DDTree for summaries that do not say.
@@ -165,6 +204,11 @@ absl::Status ValidateAcceptance(const std::vector<ResponseAcceptance>& responses
 // {"<budget>": {"tau_mean_of_means": .., "tau_pooled": .., "..._ci": [lo, hi]}}; an interval as
 // [lo, hi] or null; per_position_acceptance entries null where no step reached the position).
 std::string AcceptanceSummaryToJson(const AcceptanceSummary& summary);
+
+// The summary's "predicted_acceptance": {"calibration": [{"position", "blocks", "predicted",
+// "observed", "gap" (predicted − observed)}], "cutoffs": [{"cutoff", "responses", "steps",
+// "tau_mean_of_means", "tau_mean_of_means_ci", "tau_pooled", "tau_pooled_ci"}]}.
+nlohmann::json PredictedAcceptanceJson(const PredictedAcceptanceSummary& predicted);
 
 // The same object back (reports compared by specwire-score --compare). INVALID_ARGUMENT naming
 // the key on a malformed document.

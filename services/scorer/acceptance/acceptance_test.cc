@@ -111,5 +111,62 @@ TEST(AcceptanceSummaryToJsonTest, HoldsEveryField) {
   EXPECT_DOUBLE_EQ(j["ddtree_tau"]["8"]["tau_pooled"].get<double>(), 2.8);
 }
 
+// Two responses of a family that predicts its acceptance (B = 4, 3 drafts a block).
+TEST(SummarizePredictedTest, CalibrationCountsTheBlocksThatReachedEachPosition) {
+  std::vector<ResponseAcceptance> r(2);
+  r[0].step_lengths = {1, 4};
+  r[0].predicted = PredictedAcceptance{{0, 3}, {{0.5f, 0.25f, 0.75f}, {1.0f, 0.5f, 0.5f}}, {}};
+  r[0].predicted->cut_step_lengths[0.5] = {1, 1, 2, 1};
+  r[1].step_lengths = {2, 2};
+  r[1].predicted = PredictedAcceptance{{1, 1}, {{0.25f, 0.5f, 1.0f}, {0.75f, 0.0f, 0.0f}}, {}};
+  r[1].predicted->cut_step_lengths[0.5] = {1, 1, 1, 1};
+  const AcceptanceSummary s = Summarize(r, 4, SummaryOptions{{0, 0, 0.95}, 0});
+  ASSERT_TRUE(s.predicted_acceptance.has_value());
+  const std::vector<CalibrationRow>& c = s.predicted_acceptance->calibration;
+  ASSERT_EQ(c.size(), 3u);
+  // Position 1: every block (4); accepted in 3 of them (a = 3, 1, 1).
+  EXPECT_EQ(c[0].blocks, 4);
+  EXPECT_DOUBLE_EQ(c[0].predicted, (0.5 + 1.0 + 0.25 + 0.75) / 4);
+  EXPECT_DOUBLE_EQ(c[0].observed, 0.75);
+  // Position 2: the blocks with a ≥ 1 (3): accepted by the one with a = 3.
+  EXPECT_EQ(c[1].blocks, 3);
+  EXPECT_DOUBLE_EQ(c[1].predicted, (0.5 + 0.5 + 0.0) / 3);
+  EXPECT_DOUBLE_EQ(c[1].observed, 1.0 / 3);
+  EXPECT_EQ(c[2].blocks, 1);
+  EXPECT_DOUBLE_EQ(c[2].observed, 1.0);
+  ASSERT_EQ(s.predicted_acceptance->cutoffs.size(), 1u);
+  const CutoffTau& t = s.predicted_acceptance->cutoffs[0];
+  EXPECT_EQ(t.cutoff, 0.5);
+  EXPECT_EQ(t.tau.steps, 8);
+  EXPECT_DOUBLE_EQ(t.tau.mean_of_means, (5.0 / 4 + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(t.tau.pooled, 9.0 / 8);
+  // Families without predictions have none.
+  EXPECT_FALSE(Summarize(HandMade(), 4).predicted_acceptance.has_value());
+  // The JSON carries it and reads back.
+  absl::StatusOr<AcceptanceSummary> back = AcceptanceSummaryFromJson(AcceptanceSummaryToJson(s));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->predicted_acceptance.has_value());
+  EXPECT_EQ(back->predicted_acceptance->calibration.size(), 3u);
+  EXPECT_DOUBLE_EQ(back->predicted_acceptance->calibration[1].predicted, c[1].predicted);
+  EXPECT_DOUBLE_EQ(back->predicted_acceptance->cutoffs[0].tau.pooled, 9.0 / 8);
+  const nlohmann::json j = nlohmann::json::parse(AcceptanceSummaryToJson(s));
+  EXPECT_DOUBLE_EQ(j["predicted_acceptance"]["calibration"][0]["gap"].get<double>(),
+                   c[0].predicted - 0.75);
+}
+
+TEST(ParseSurvivalCutoffsTest, SortedInRangeAndNamedWhenWrong) {
+  absl::StatusOr<std::vector<double>> ok = ParseSurvivalCutoffs("0.7,0.3,0.7,1", "--cut");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_THAT(*ok, ElementsAre(0.3, 0.7, 1.0));
+  EXPECT_TRUE(ParseSurvivalCutoffs("none", "--cut")->empty());
+  EXPECT_TRUE(ParseSurvivalCutoffs("", "--cut")->empty());
+  for (const char* bad : {"1.5", "-0.1", "x", "0.5,", "nan"}) {
+    absl::StatusOr<std::vector<double>> r = ParseSurvivalCutoffs(bad, "--cut");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr("--cut")) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace specwire

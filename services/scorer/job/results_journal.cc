@@ -40,7 +40,7 @@ json ScoreToJson(const PromptScore& s, const std::string& key) {
                        {"alpha_sum", a.alpha_sum},
                        {"alpha_blocks", a.alpha_blocks}});
   }
-  return {{"key", key},
+  json out = {{"key", key},
           {"prompt_index", s.prompt_index},
           {"sampled", sampled},
           {"trajectory_digest", s.trajectory_digest},
@@ -49,6 +49,14 @@ json ScoreToJson(const PromptScore& s, const std::string& key) {
           {"step_lengths", s.acceptance.step_lengths},
           {"ddtree", ddtree},
           {"finish_reason", s.finish_reason}};
+  if (const std::optional<PredictedAcceptance>& p = s.acceptance.predicted) {
+    json cuts = json::array();
+    for (const auto& [cutoff, lengths] : p->cut_step_lengths) {
+      cuts.push_back({{"cutoff", cutoff}, {"step_lengths", lengths}});
+    }
+    out["predicted"] = {{"accepted", p->accepted}, {"predicted", p->predicted}, {"cutoffs", cuts}};
+  }
+  return out;
 }
 
 // One journal line back into a PromptScore; nullopt for a line that is not one (torn, edited).
@@ -74,6 +82,17 @@ std::optional<PromptScore> ScoreFromJson(const json& j) {
         x.alpha_blocks = a.at("alpha_blocks").get<std::vector<int64_t>>();
         s.acceptance.sampled.push_back(std::move(x));
       }
+    }
+    if (j.contains("predicted")) {
+      const json& p = j.at("predicted");
+      PredictedAcceptance x;
+      x.accepted = p.at("accepted").get<std::vector<int32_t>>();
+      x.predicted = p.at("predicted").get<std::vector<std::vector<float>>>();
+      for (const json& c : p.at("cutoffs")) {
+        x.cut_step_lengths[c.at("cutoff").get<double>()] =
+            c.at("step_lengths").get<std::vector<int32_t>>();
+      }
+      s.acceptance.predicted = std::move(x);
     }
     s.finish_reason = j.at("finish_reason").get<std::string>();
     s.trajectory_digest = j.value("trajectory_digest", std::string());
@@ -211,6 +230,10 @@ std::string JobKey(const ScoreSpec& spec, const ExtractionContract& contract,
   d.UpdateField(spec.chat_template_record);
   for (const SamplingSetting& x : spec.sampling) {
     d.UpdateField(absl::StrCat("sampling:", x.temperature, ":", x.top_p, ":", x.top_k));
+  }
+  // The cutoffs (a job without them keeps the key it had before they existed).
+  if (!spec.predicted_cutoffs.empty()) {
+    d.UpdateField(absl::StrCat("predicted:", absl::StrJoin(spec.predicted_cutoffs, ",")));
   }
   // The live loop (a replay job keeps the key it had before live jobs existed).
   if (spec.live.enabled) {

@@ -253,6 +253,7 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const TreeSe
   TrajectoryFetcher fetcher(target.endpoints, std::move(request), options_.fetch, cancelled,
                             options_.log);
 
+  const ReplayAsks asks{trees, spec.sampling, spec.predicted_cutoffs};
   while (!tally.complete()) {
     if (cancelled) return absl::CancelledError("request cancelled");
     // The trajectories fetched so far (up to kMaxReplayBatch) replay together: one drafter
@@ -268,11 +269,11 @@ absl::Status ScoreRunner::ReplayTrajectories(const ScoreSpec& spec, const TreeSe
     if (items.empty()) continue;
     std::vector<const Trajectory*> batch;
     for (const FetchedTrajectory& item : items) batch.push_back(&*item.trajectory);
-    auto replayed = backend_->ReplayBatch(batch, trees, spec.sampling);
+    auto replayed = backend_->ReplayBatch(batch, asks);
     if (!replayed.ok()) {
       // Which prompt: replayed one by one, the first that fails names itself.
       for (const FetchedTrajectory& item : items) {
-        auto one = backend_->Replay(*item.trajectory, trees, spec.sampling);
+        auto one = backend_->Replay(*item.trajectory, asks);
         if (!one.ok()) return Annotate(one.status(), absl::StrCat("prompt ", item.index));
       }
       return replayed.status();
@@ -391,7 +392,7 @@ absl::Status ScoreRunner::LiveScores(const ScoreSpec& spec, const ConnectedTarge
   request.request_id_prefix = absl::StrCat("score-selfcheck-", spec.labels.drafter, "-");
   TrajectoryFetcher fetcher(target.endpoints, std::move(request), options_.fetch, cancelled,
                             options_.log);
-  TreeSettings no_trees;
+  const ReplayAsks chain_only;
   for (size_t done = 0; done < checked.size();) {
     if (cancelled) return absl::CancelledError("request cancelled");
     std::optional<FetchedTrajectory> item = fetcher.Next(std::chrono::milliseconds(50));
@@ -399,7 +400,7 @@ absl::Status ScoreRunner::LiveScores(const ScoreSpec& spec, const ConnectedTarge
     ++done;
     SW_RETURN_IF_ERROR(item->trajectory.status());
     SW_ASSIGN_OR_RETURN(ResponseAcceptance replayed,
-                        backend_->Replay(*item->trajectory, no_trees, {}));
+                        backend_->Replay(*item->trajectory, chain_only));
     const PromptScore& mine = checked.at(item->index);
     ++live->self_check_prompts;
     if (item->trajectory->tokens == mine.trajectory &&

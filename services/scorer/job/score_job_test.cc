@@ -833,6 +833,8 @@ TEST(ResultsJournal, KeepsLinesOfItsKeyAndCutsATornLine) {
   a.acceptance.ddtree_step_lengths[8] = {2, 4};
   a.acceptance.prompt_tokens = 5;
   a.acceptance.completion_tokens = 7;
+  a.acceptance.predicted = PredictedAcceptance{{0, 3, 1}, {{0.5f}, {0.25f, 0.75f, 1.0f}, {}}, {}};
+  a.acceptance.predicted->cut_step_lengths[0.3] = {1, 2, 2, 1};
   a.finish_reason = "max_new_tokens";
   {
     auto j = ResultsJournal::Open(path, "key-1");
@@ -854,6 +856,10 @@ TEST(ResultsJournal, KeepsLinesOfItsKeyAndCutsATornLine) {
     EXPECT_EQ(b.acceptance.ddtree_step_lengths, a.acceptance.ddtree_step_lengths);
     EXPECT_EQ(b.acceptance.prompt_tokens, 5);
     EXPECT_EQ(b.acceptance.completion_tokens, 7);
+    ASSERT_TRUE(b.acceptance.predicted.has_value());
+    EXPECT_EQ(b.acceptance.predicted->accepted, a.acceptance.predicted->accepted);
+    EXPECT_EQ(b.acceptance.predicted->predicted, a.acceptance.predicted->predicted);
+    EXPECT_EQ(b.acceptance.predicted->cut_step_lengths, a.acceptance.predicted->cut_step_lengths);
     EXPECT_EQ(b.finish_reason, "max_new_tokens");
     EXPECT_DOUBLE_EQ(b.tau, 7.0 / 3);
     EXPECT_EQ((*j)->ignored_lines(), 1);

@@ -98,6 +98,18 @@ absl::Status ValidateSpec(const ScoreSpec& spec, const ScoreLimits& o) {
           absl::StrCat("sampling[", i, "].top_k: ", x.top_k, " is negative"));
     }
   }
+  if (spec.predicted_cutoffs.size() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("predicted_acceptance_cutoffs: ",
+                                                   spec.predicted_cutoffs.size(),
+                                                   " cutoffs, at most 16"));
+  }
+  for (size_t i = 0; i < spec.predicted_cutoffs.size(); ++i) {
+    const double c = spec.predicted_cutoffs[i];
+    if (!(c >= 0 && c <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("predicted_acceptance_cutoffs[", i, "]: ", c,
+                                                     " is not a survival probability in [0, 1]"));
+    }
+  }
   if (spec.live.enabled) {
     const SamplingSetting& x = spec.live.setting;
     if (!std::isfinite(x.temperature) || x.temperature < 0 || x.temperature > 100) {

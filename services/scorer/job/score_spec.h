@@ -47,6 +47,9 @@ struct ScoreSpec {
   SummaryOptions summary;
   // Teacher-forced acceptance at these settings (both rules each); empty: none.
   std::vector<SamplingSetting> sampling;
+  // A family that predicts its acceptance (DSpark) reports its predictions against the observed
+  // and the τ of an adaptive verify length at each of these cutoffs (ascending, in [0, 1]).
+  std::vector<double> predicted_cutoffs;
   // The chat template record the prompts were prepared under (specwire_client.chat's
   // TemplateRecord as JSON: {"digest", "source", "flags"}); "": none given. Dataset lines may
   // carry it too ("chat_template").

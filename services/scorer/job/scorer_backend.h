@@ -107,6 +107,17 @@ struct LiveResult {
   double target_seconds = 0;  // in the target's calls, round trips included
 };
 
+// What a job asks of each replay beside the drafter's chain: each tree budget's replay (`trees`,
+// resolved for the drafter by ResolveTrees), the teacher-forced acceptance at each sampling
+// setting (needs trajectory.final_norm), and, from a family that predicts its acceptance
+// (DrafterSpec::predicts_acceptance), its predictions with these adaptive verify cutoffs
+// (ResponseAcceptance::predicted).
+struct ReplayAsks {
+  TreeSettings trees;
+  std::vector<SamplingSetting> sampling;
+  std::vector<double> predicted_cutoffs;
+};
+
 // The drafter side of the scorer. Implementations run on the scorer's worker thread; calls never
 // overlap on one instance.
 class ScorerBackend {
@@ -129,12 +140,9 @@ class ScorerBackend {
   // first Replay (INVALID_ARGUMENT there when the shapes do not fit the drafter).
   virtual absl::Status SetTargetHead(const TargetHead& head) = 0;
   // The replay of one trajectory with the current drafter and head: its chain (DFlash's block,
-  // DFlash2's path, EAGLE-3's chain), each tree budget's replay (`trees`, resolved for this
-  // drafter by ResolveTrees), and the teacher-forced acceptance at each sampling setting (needs
-  // trajectory.final_norm).
-  virtual absl::StatusOr<ResponseAcceptance> Replay(
-      const Trajectory& trajectory, const TreeSettings& trees,
-      const std::vector<SamplingSetting>& sampling) = 0;
+  // DFlash2's path, EAGLE-3's chain) and what the job asks beside it (ReplayAsks).
+  virtual absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& trajectory,
+                                                    const ReplayAsks& asks) = 0;
   // The same for several trajectories at once: result i is Replay(*batch[i], ...), step for
   // step; the torch backend replays them in lockstep (one drafter forward for all their
   // blocks). The default replays them one by one.
@@ -149,11 +157,10 @@ class ScorerBackend {
     return absl::UnimplementedError("this scorer backend has no live loop");
   }
   virtual absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
-      const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
-      const std::vector<SamplingSetting>& sampling) {
+      const std::vector<const Trajectory*>& batch, const ReplayAsks& asks) {
     std::vector<ResponseAcceptance> out;
     for (const Trajectory* t : batch) {
-      auto r = Replay(*t, trees, sampling);
+      auto r = Replay(*t, asks);
       if (!r.ok()) return r.status();
       out.push_back(std::move(*r));
     }

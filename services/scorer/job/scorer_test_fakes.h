@@ -162,9 +162,9 @@ class FakeBackend : public ScorerBackend {
     ++heads_set;
     return absl::OkStatus();
   }
-  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t,
-                                            const TreeSettings& trees,
-                                            const std::vector<SamplingSetting>& sampling) override {
+  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t, const ReplayAsks& asks) override {
+    const TreeSettings& trees = asks.trees;
+    const std::vector<SamplingSetting>& sampling = asks.sampling;
     ++replays;
     last_states = t.states.size();
     last_had_final_norm = t.final_norm.has_value();

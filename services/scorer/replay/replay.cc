@@ -21,7 +21,7 @@ namespace {
 std::vector<int32_t> PredictedLoop(BlockDrafter* drafter, const std::vector<int64_t>& traj,
                                    const at::Tensor& features, int64_t prompt_len,
                                    int64_t max_length, double cutoff,
-                                   PredictedAcceptanceReplay* record) {
+                                   PredictedAcceptance* record) {
   const int64_t T = static_cast<int64_t>(traj.size());
   const int64_t B = drafter->block_size();
   std::unique_ptr<DraftSession> session = drafter->NewSession(T + B + 1);
@@ -56,12 +56,12 @@ std::vector<int32_t> PredictedLoop(BlockDrafter* drafter, const std::vector<int6
 
 }  // namespace
 
-PredictedAcceptanceReplay ReplayPredictedAcceptance(BlockDrafter* drafter,
-                                                    const std::vector<int64_t>& traj,
-                                                    const at::Tensor& features, int64_t prompt_len,
-                                                    int64_t max_length,
-                                                    const std::vector<double>& cutoffs) {
-  PredictedAcceptanceReplay out;
+PredictedAcceptance ReplayPredictedAcceptance(BlockDrafter* drafter,
+                                              const std::vector<int64_t>& traj,
+                                              const at::Tensor& features, int64_t prompt_len,
+                                              int64_t max_length,
+                                              const std::vector<double>& cutoffs) {
+  PredictedAcceptance out;
   const int64_t T = static_cast<int64_t>(traj.size());
   if (max_length <= 0) max_length = T;
   TORCH_CHECK(prompt_len >= 1 && prompt_len <= T, "prompt length ", prompt_len, " outside [1, ",

@@ -82,21 +82,14 @@ class AcceptanceReplay {
 };
 
 // A family's own acceptance prediction (BlockDrafter sessions whose PredictedAcceptance is
-// defined: DSpark's confidence head) replayed beside the greedy chain: each block of the
-// replay's steps with its accepted drafts and the predicted c_1 .. c_{len − 1}, and, for each
-// cutoff, the steps of an adaptive verify length: a step verifies the leading L drafts whose
-// predicted survival c_1 · … · c_L stays at or above the cutoff, and produces min(a, L) + 1.
-struct PredictedAcceptanceReplay {
-  std::vector<int32_t> accepted;               // per chain step: a
-  std::vector<std::vector<float>> predicted;   // per chain step: c_1 .. c_{len − 1}
-  std::map<double, std::vector<int32_t>> cut_step_lengths;  // per cutoff
-};
+// defined: DSpark's confidence head) replayed beside the greedy chain, with each cutoff's
+// adaptive verify length (acceptance.h's PredictedAcceptance says what they mean).
 // Empty `predicted` when the family predicts nothing. Throws c10::Error like Run.
-PredictedAcceptanceReplay ReplayPredictedAcceptance(BlockDrafter* drafter,
-                                                    const std::vector<int64_t>& trajectory,
-                                                    const at::Tensor& features, int64_t prompt_len,
-                                                    int64_t max_length,
-                                                    const std::vector<double>& cutoffs);
+PredictedAcceptance ReplayPredictedAcceptance(BlockDrafter* drafter,
+                                              const std::vector<int64_t>& trajectory,
+                                              const at::Tensor& features, int64_t prompt_len,
+                                              int64_t max_length,
+                                              const std::vector<double>& cutoffs);
 
 // SamplingDistribution (common/models/speculative_sampling.h) at a job's setting.
 at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting);

@@ -346,26 +346,16 @@ absl::StatusOr<json> RunLive(Models& m, const std::vector<std::vector<int64_t>>&
 }
 
 // The family's own acceptance prediction beside the replay (DSpark's confidence head), nullopt
-// when it has none: per position of the chain's blocks, the mean predicted acceptance against
-// the observed conditional acceptance (blocks that reached the position, and of those the share
-// whose draft there was accepted); each --dspark_cutoff's adaptive verify length with its τ; and
-// every block's record (accepted drafts, predictions) for checks made elsewhere.
+// when it has none: the summary's calibration table and cutoffs (acceptance.h), each cutoff's
+// step lengths, and every block's record (accepted drafts, predictions) for checks made
+// elsewhere.
 absl::StatusOr<std::optional<json>> PredictedAcceptanceJson(
     Drafter& drafter, const std::vector<std::vector<int64_t>>& trajectories,
     const std::vector<at::Tensor>& features, const std::vector<std::vector<int64_t>>& prompts,
-    int64_t max_new_tokens, int64_t block) {
-  std::vector<double> cutoffs;
-  if (const std::string c = absl::GetFlag(FLAGS_dspark_cutoff); !c.empty() && c != "none") {
-    for (absl::string_view part : absl::StrSplit(c, ',')) {
-      double v = 0;
-      if (!absl::SimpleAtod(part, &v) || v < 0 || v > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--dspark_cutoff: \"", part, "\" is not a survival probability in [0, 1]"));
-      }
-      cutoffs.push_back(v);
-    }
-  }
-  std::vector<PredictedAcceptanceReplay> runs;
+    int64_t max_new_tokens, int64_t block, const BootstrapOptions& bootstrap) {
+  SW_ASSIGN_OR_RETURN(const std::vector<double> cutoffs,
+                      ParseSurvivalCutoffs(absl::GetFlag(FLAGS_dspark_cutoff), "--dspark_cutoff"));
+  std::vector<PredictedAcceptance> runs;
   SW_RETURN_IF_ERROR(RunGuarded("predicted acceptance", [&]() -> absl::Status {
     std::unique_ptr<BlockDrafter> chain = drafter.Chain();
     if (!chain) return absl::InternalError("the family made no drafter");
@@ -381,49 +371,26 @@ absl::StatusOr<std::optional<json>> PredictedAcceptanceJson(
     return absl::OkStatus();
   }));
   if (runs.empty() || runs.back().predicted.empty()) return std::optional<json>();
-  std::vector<int64_t> reached(block, 0), accepted(block, 0);
-  std::vector<double> predicted(block, 0.0);
+  std::vector<const PredictedAcceptance*> all;
   json blocks = json::array();
-  for (const PredictedAcceptanceReplay& r : runs) {
+  for (const PredictedAcceptance& r : runs) {
+    all.push_back(&r);
     json per = json::array();
     for (size_t s = 0; s < r.accepted.size(); ++s) {
-      const std::vector<float>& c = r.predicted[s];
-      for (int64_t k = 1; k <= static_cast<int64_t>(c.size()) && r.accepted[s] >= k - 1; ++k) {
-        ++reached[k];
-        predicted[k] += c[k - 1];
-        if (r.accepted[s] >= k) ++accepted[k];
-      }
-      per.push_back({{"accepted", r.accepted[s]}, {"predicted", c}});
+      per.push_back({{"accepted", r.accepted[s]}, {"predicted", r.predicted[s]}});
     }
     blocks.push_back(std::move(per));
   }
-  json calibration = json::array();
-  for (int64_t k = 1; k < block; ++k) {
-    if (reached[k] == 0) continue;
-    const double mean = predicted[k] / reached[k];
-    const double observed = static_cast<double>(accepted[k]) / reached[k];
-    calibration.push_back({{"position", k}, {"blocks", reached[k]}, {"predicted", mean},
-                           {"observed", observed}, {"gap", mean - observed}});
-  }
-  json cuts = json::array();
-  for (double cutoff : cutoffs) {
-    std::vector<std::vector<int32_t>> steps;
-    double sum_of_means = 0, tokens = 0, count = 0;
-    for (const PredictedAcceptanceReplay& r : runs) {
-      const std::vector<int32_t>& s = r.cut_step_lengths.at(cutoff);
-      const double total = std::accumulate(s.begin(), s.end(), 0.0);
-      sum_of_means += s.empty() ? 0.0 : total / s.size();
-      tokens += total;
-      count += static_cast<double>(s.size());
-      steps.push_back(s);
+  json out = PredictedAcceptanceJson(*SummarizePredicted(all, bootstrap));
+  for (json& c : out["cutoffs"]) {
+    json steps = json::array();
+    for (const PredictedAcceptance& r : runs) {
+      steps.push_back(r.cut_step_lengths.at(c["cutoff"].get<double>()));
     }
-    cuts.push_back({{"cutoff", cutoff},
-                    {"tau_mean_of_means", sum_of_means / runs.size()},
-                    {"tau_pooled", count > 0 ? tokens / count : 0.0},
-                    {"step_lengths", steps}});
+    c["step_lengths"] = std::move(steps);
   }
-  return std::optional<json>(json{{"calibration", calibration}, {"cutoffs", cuts},
-                                  {"blocks", blocks}});
+  out["blocks"] = std::move(blocks);
+  return std::optional<json>(std::move(out));
 }
 
 absl::Status RunReplay() {
@@ -625,7 +592,7 @@ absl::Status RunReplay() {
   if (!tree) {
     SW_ASSIGN_OR_RETURN(std::optional<json> predicted,
                         PredictedAcceptanceJson(*m.drafter, trajectories, features, prompts,
-                                                max_new_tokens, block));
+                                                max_new_tokens, block, SummaryOptions().bootstrap));
     if (predicted) out["predicted_acceptance"] = std::move(*predicted);
   }
   out["responses"] = responses;

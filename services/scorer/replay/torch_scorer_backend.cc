@@ -83,15 +83,15 @@ class TorchScorerBackend : public ScorerBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t, const TreeSettings& trees,
-                                            const std::vector<SamplingSetting>& sampling) override {
-    SW_ASSIGN_OR_RETURN(std::vector<ResponseAcceptance> out, ReplayBatch({&t}, trees, sampling));
+  absl::StatusOr<ResponseAcceptance> Replay(const Trajectory& t, const ReplayAsks& asks) override {
+    SW_ASSIGN_OR_RETURN(std::vector<ResponseAcceptance> out, ReplayBatch({&t}, asks));
     return std::move(out.front());
   }
 
   absl::StatusOr<std::vector<ResponseAcceptance>> ReplayBatch(
-      const std::vector<const Trajectory*>& batch, const TreeSettings& trees,
-      const std::vector<SamplingSetting>& sampling) override {
+      const std::vector<const Trajectory*>& batch, const ReplayAsks& asks) override {
+    const TreeSettings& trees = asks.trees;
+    const std::vector<SamplingSetting>& sampling = asks.sampling;
     SW_RETURN_IF_ERROR(AttachHead());
     for (size_t b = 0; b < batch.size(); ++b) {
       absl::Status st = CheckTrajectory(*batch[b], !sampling.empty());
@@ -144,6 +144,14 @@ class TorchScorerBackend : public ScorerBackend {
         out[b].sampled = TeacherForcedAcceptance(block.get(), t.tokens, features[b], t.prompt_len,
                                                  t.max_length, out[b].step_lengths, normed,
                                                  head_lm_, sampling);
+      }
+      // The family's own acceptance prediction beside its chain (DSpark's confidence head).
+      for (size_t b = 0; b < batch.size() && drafter_->spec().predicts_acceptance; ++b) {
+        const Trajectory& t = *batch[b];
+        PredictedAcceptance p = ReplayPredictedAcceptance(block.get(), t.tokens, features[b],
+                                                          t.prompt_len, t.max_length,
+                                                          asks.predicted_cutoffs);
+        if (!p.predicted.empty()) out[b].predicted = std::move(p);
       }
       return absl::OkStatus();
     }));

@@ -438,15 +438,24 @@ std::string ReportToJson(const ScoreReport& r) {
     json dd = json::object();
     for (const auto& [b, lengths] : p.acceptance.ddtree_step_lengths)
       dd[std::to_string(b)] = lengths;
-    prompts.push_back({{"prompt_index", p.prompt_index},
-                       {"prompt_tokens", p.acceptance.prompt_tokens},
-                       {"completion_tokens", p.acceptance.completion_tokens},
-                       {"finish_reason", p.finish_reason},
-                       {"trajectory_digest", p.trajectory_digest},
-                       // No steps (the first completion token was a stop token): no τ.
-                       {"tau", p.acceptance.step_lengths.empty() ? json(nullptr) : json(p.tau)},
-                       {"step_lengths", p.acceptance.step_lengths},
-                       {"ddtree_step_lengths", dd}});
+    json entry = {{"prompt_index", p.prompt_index},
+                  {"prompt_tokens", p.acceptance.prompt_tokens},
+                  {"completion_tokens", p.acceptance.completion_tokens},
+                  {"finish_reason", p.finish_reason},
+                  {"trajectory_digest", p.trajectory_digest},
+                  // No steps (the first completion token was a stop token): no τ.
+                  {"tau", p.acceptance.step_lengths.empty() ? json(nullptr) : json(p.tau)},
+                  {"step_lengths", p.acceptance.step_lengths},
+                  {"ddtree_step_lengths", dd}};
+    if (const std::optional<PredictedAcceptance>& pa = p.acceptance.predicted) {
+      json cuts = json::array();
+      for (const auto& [cutoff, lengths] : pa->cut_step_lengths) {
+        cuts.push_back({{"cutoff", cutoff}, {"step_lengths", lengths}});
+      }
+      entry["predicted_acceptance"] = {
+          {"accepted", pa->accepted}, {"predicted", pa->predicted}, {"cutoffs", cuts}};
+    }
+    prompts.push_back(std::move(entry));
   }
   j["prompts"] = prompts;
   j["seconds"] = r.seconds;
@@ -540,6 +549,25 @@ std::string SummaryTable(const ScoreReport& r) {
                       Fixed(x.setting.top_p, 2), " top_k ", x.setting.top_k, "  ", x.rule,
                       ": tau_prob ", Fixed(x.tau_prob, 3), IntervalText(x.tau_prob_ci, 3),
                       "  (pooled ", Fixed(x.tau_prob_pooled, 3), ", ", x.blocks, " blocks)\n");
+    }
+  }
+  if (s.predicted_acceptance) {
+    const PredictedAcceptanceSummary& p = *s.predicted_acceptance;
+    absl::StrAppend(&t, "\n  predicted acceptance (the drafter's confidence head) against the "
+                        "observed, per draft position (blocks that reached it)\n");
+    for (const CalibrationRow& row : p.calibration) {
+      char line[128];
+      std::snprintf(line, sizeof(line),
+                    "    pos %2d  predicted %.4f  observed %.4f  gap %+.4f  (%lld blocks)\n",
+                    row.position, row.predicted, row.observed, row.predicted - row.observed,
+                    static_cast<long long>(row.blocks));
+      absl::StrAppend(&t, line);
+    }
+    for (const CutoffTau& c : p.cutoffs) {
+      absl::StrAppend(&t, "    verify while predicted survival >= ", Fixed(c.cutoff, 2),
+                      ": tau ", Fixed(c.tau.mean_of_means, 3),
+                      IntervalText(c.tau.mean_of_means_ci, 3), "  (pooled ",
+                      Fixed(c.tau.pooled, 3), ", ", c.tau.steps, " steps)\n");
     }
   }
   const CapacityPlan plan = ReportCapacity(r);
@@ -702,6 +730,40 @@ std::string ReportToHtml(const ScoreReport& r) {
                       absl::StrJoin(alpha, " "), "</td></tr>\n");
     }
     absl::StrAppend(&h, "</table>\n</section>\n");
+  }
+
+  if (s.predicted_acceptance) {
+    const PredictedAcceptanceSummary& p = *s.predicted_acceptance;
+    absl::StrAppend(
+        &h, "<section id=\"predicted-acceptance\">\n<h2>Predicted acceptance</h2>\n",
+        "<p>The drafter's own prediction of each draft's acceptance (DSpark's confidence head) "
+        "on the greedy replay's blocks, against what was accepted: per draft position, the "
+        "blocks whose earlier drafts were all accepted, their mean prediction and the share "
+        "that accepted the draft there. Below, τ of an adaptive verify length: each step "
+        "verifies the leading drafts whose predicted survival c<sub>1</sub> · … · "
+        "c<sub>L</sub> stays at or above the cutoff.</p>\n<table>\n<tr><th>draft "
+        "position</th><th>blocks</th><th>predicted</th><th>observed</th><th>gap</th></tr>\n");
+    for (const CalibrationRow& row : p.calibration) {
+      absl::StrAppend(&h, "<tr><td class=\"num\">", row.position, "</td><td class=\"num\">",
+                      row.blocks, "</td><td class=\"num\">", Fixed(row.predicted, 4),
+                      "</td><td class=\"num\">", Fixed(row.observed, 4),
+                      "</td><td class=\"num\">", Fixed(row.predicted - row.observed, 4),
+                      "</td></tr>\n");
+    }
+    absl::StrAppend(&h, "</table>\n");
+    if (!p.cutoffs.empty()) {
+      absl::StrAppend(&h, "<table>\n<tr><th>cutoff</th><th>steps</th><th>τ (mean of "
+                          "means)</th><th>95% interval</th><th>τ (pooled)</th></tr>\n");
+      for (const CutoffTau& c : p.cutoffs) {
+        absl::StrAppend(&h, "<tr><td class=\"num\">", Fixed(c.cutoff, 2),
+                        "</td><td class=\"num\">", c.tau.steps, "</td><td class=\"num\">",
+                        Fixed(c.tau.mean_of_means, 4), "</td><td class=\"num ci\">",
+                        HtmlEscape(IntervalText(c.tau.mean_of_means_ci, 4)),
+                        "</td><td class=\"num\">", Fixed(c.tau.pooled, 4), "</td></tr>\n");
+      }
+      absl::StrAppend(&h, "</table>\n");
+    }
+    absl::StrAppend(&h, "</section>\n");
   }
 
   const CapacityPlan plan = ReportCapacity(r);

@@ -1,0 +1,190 @@
+"""Trains a DSpark drafter against a target served by specwire-extractor, starting from a DFlash
+drafter of the same target, and saves it in SpecForge's layout (a z-lab DFlash config with
+dflash_config.projector_type "dspark"; architectures DSparkDraftModel).
+
+The pipeline is train_drafter.py's (prompts from the corpus, the target's greedy completions,
+features streamed by FeatureDataset, the target's frozen embedding and lm_head). The model is the
+DFlash backbone (dflash 0.1.0's DFlashDraftModel, initialised from --init) with DSpark's two
+heads, as SpecForge's DSparkDraftModel defines them:
+- a Markov logit bias (markov_head_type "vanilla"): draft position k's logits gain
+  W2 · W1[previous token], the previous token being the one at position k − 1 (the anchor for the
+  first draft); W2 starts at zero, so training starts from the DFlash drafter's logits;
+- a confidence head: sigmoid(w · [h_k ; W1[previous token]] + b), the predicted probability that
+  draft k is accepted.
+
+SpecForge trains every slot to draft (OnlineDSparkModel: slot k of the block [anchor, mask, ...]
+predicts the token k + 1 after the anchor), one more than DFlash, whose slot 0 drafts nothing: the
+backbone is fine-tuned into that layout. The objective is DFlash's weighted cross-entropy over the
+Markov-corrected logits plus the confidence head's binary cross-entropy against whether each
+position's argmax draft equals the target's token (teacher-forced: the earlier positions hold the
+target's tokens), which is the greedy acceptance the replay observes at a position once every
+earlier draft was accepted.
+
+    .venv/bin/python training/train_dspark.py --target models/tiny-qwen3 \\
+        --init models/tiny-qwen3-dflash --out models/tiny-qwen3-dspark
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from dflash.model import DFlashDraftModel  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus  # noqa: E402
+from train_drafter import (extractor, feature_taps, fit, make_batch,  # noqa: E402
+                           self_generated_features)
+
+from specwire_client import ExtractorClient  # noqa: E402
+
+
+class DSparkHeads(torch.nn.Module):
+    """SpecForge's vanilla Markov head (markov_head.markov_w1 / markov_w2) and its confidence
+    head over [hidden ; W1[previous token]] (confidence_head.proj)."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int):
+        super().__init__()
+        self.markov_w1 = torch.nn.Embedding(vocab, rank)
+        torch.nn.init.normal_(self.markov_w1.weight, std=0.01)
+        self.markov_w2 = torch.nn.Linear(rank, vocab, bias=False)
+        torch.nn.init.zeros_(self.markov_w2.weight)
+        self.proj = torch.nn.Linear(hidden + rank, 1)
+
+    def forward(self, base_logits, hidden, prev):
+        e = self.markov_w1(prev)
+        return base_logits + self.markov_w2(e), self.proj(torch.cat([hidden, e], -1)).squeeze(-1)
+
+
+def every_slot_labels(batch: dict, seqs: list[dict], T: int, block: int) -> tuple:
+    """SpecForge's layout of make_batch's blocks: slot i of the block anchored at a predicts the
+    token at a + i + 1 (−100 past the sequence), and its previous token is the one at a + i."""
+    b, Q = batch["ids"].shape
+    labels = torch.full((b, Q), -100, dtype=torch.long)
+    prev = torch.zeros((b, Q), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        x = s["input_ids"]
+        t = len(x)
+        for j in range(Q // block):
+            a = int(batch["positions"][r, T + j * block])
+            for i in range(block):
+                if a + i < t:
+                    prev[r, j * block + i] = x[a + i]
+                if a + i + 1 < t:
+                    labels[r, j * block + i] = x[a + i + 1]
+    return labels, prev
+
+
+def losses(model, heads, batch: dict, labels, prev, embed, head, weights, block: int):
+    noise = F.embedding(batch["ids"], embed)
+    hidden = model(position_ids=batch["positions"], attention_mask=batch["mask"],
+                   noise_embedding=noise, target_hidden=batch["features"])  # [b, Q, H] normed
+    logits, confidence = heads(F.linear(hidden, head), hidden, prev)
+    valid = labels != -100
+    w = weights.repeat(labels.shape[1] // block)[None, :] * valid
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         ignore_index=-100, reduction="none").view(labels.shape)
+    hit = (logits.detach().argmax(-1) == labels).float()
+    bce = F.binary_cross_entropy_with_logits(confidence, hit, reduction="none")
+    return (ce * w).sum() / w.sum(), (bce * w).sum() / w.sum(), (hit * valid).sum() / valid.sum()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--extractor")
+    src.add_argument("--target", type=Path)
+    ap.add_argument("--extractor-bin", type=Path)
+    ap.add_argument("--init", type=Path, required=True, help="a DFlash drafter of the target")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--markov-rank", type=int, default=64)
+    ap.add_argument("--confidence-alpha", type=float, default=1.0)
+    ap.add_argument("--prompts", type=int, default=384)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--anchors-per-seq", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--gamma", type=float, default=7.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=250)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+
+    model = DFlashDraftModel.from_pretrained(args.init, dtype=torch.float32).float()
+    cfg = model.config
+    block = cfg.block_size if hasattr(cfg, "block_size") else cfg.dflash_config["block_size"]
+    layer_ids = cfg.dflash_config["target_layer_ids"]
+    mask_id = cfg.dflash_config["mask_token_id"]
+    heads = DSparkHeads(cfg.vocab_size, cfg.hidden_size, args.markov_rank)
+
+    with extractor(args) as address:
+        with ExtractorClient(address, timeout=120) as client:
+            client.wait_ready(60)
+            contract = client.model_info()
+            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
+        embed = tensors["model.embed_tokens.weight"].float()
+        head = tensors["lm_head.weight"].float()
+        taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
+        train = self_generated_features(address, args, taps, final_norm, names, contract,
+                                        seed=args.seed + 11, min_completion=2)
+    # Every slot drafts: slot i weighs exp(−i / γ).
+    weights = torch.exp(-torch.arange(block, dtype=torch.float32) / args.gamma)
+    params = [p for p in list(model.parameters()) + list(heads.parameters()) if p.requires_grad]
+    model.train()
+
+    def step_loss(g: torch.Generator) -> dict:
+        rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
+        seqs = [train[r] for r in rows]
+        batch = make_batch(seqs, args.anchors_per_seq, block, mask_id, g)
+        T = batch["features"].shape[1]
+        labels, prev = every_slot_labels(batch, seqs, T, block)
+        ce, bce, acc = losses(model, heads, batch, labels, prev, embed, head, weights, block)
+        return {"loss": ce + args.confidence_alpha * bce, "draft_loss": ce,
+                "confidence_loss": bce, "slot_accuracy": acc}
+
+    curve = fit(params, step_loss, args, args.seed)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.eval().to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
+    path = args.out / "model.safetensors"
+    out = load_file(str(path))
+    for name, p in heads.state_dict().items():
+        key = f"markov_head.{name}" if name.startswith("markov_") else f"confidence_head.{name}"
+        out[key] = p.detach().to(torch.bfloat16).contiguous()
+    save_file(out, str(path))
+    os.chmod(path, 0o644)
+    cpath = args.out / "config.json"
+    c = json.loads(cpath.read_text())
+    c["architectures"] = ["DSparkDraftModel"]
+    c["dflash_config"] = dict(c["dflash_config"], projector_type="dspark",
+                              markov_rank=args.markov_rank, markov_head_type="vanilla",
+                              enable_confidence_head=True, confidence_head_with_markov=True,
+                              confidence_head_alpha=args.confidence_alpha)
+    rope = c.pop("rope_parameters", None) or {}
+    c["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 1_000_000.0))
+    c["rope_scaling"] = None
+    cpath.write_text(json.dumps(c, indent=2) + "\n")
+    log = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "parameters": sum(p.numel() for p in params), "train_sequences": len(train),
+           "train_s": curve[-1]["wall_s"] if curve else 0.0,
+           "wall_s": round(time.time() - t_start, 1), "loss_curve": curve,
+           "corpus": corpus.manifest()}
+    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"saved {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
