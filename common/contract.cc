@@ -106,7 +106,9 @@ absl::StatusOr<CanaryFingerprint> CanaryFromJson(absl::string_view json_text) {
 std::string ContractToJson(const ExtractionContract& c, int indent) {
   json skipped = json::array();
   for (const auto& s : c.skipped) {
-    skipped.push_back({{"prefix", s.prefix}, {"count", s.count}, {"reason", s.reason}});
+    json e = {{"prefix", s.prefix}, {"count", s.count}, {"reason", s.reason}};
+    if (!s.names.empty()) e["names"] = s.names;
+    skipped.push_back(std::move(e));
   }
   json j = {
       {"architecture", c.architecture},
@@ -129,6 +131,7 @@ std::string ContractToJson(const ExtractionContract& c, int indent) {
       {"specwire_version", c.specwire_version},
       {"chat_template_digest", c.chat_template_digest},
       {"canary", CanaryJson(c.canary)},
+      {"config_json", c.config_json},
   };
   return j.dump(indent);
 }
@@ -149,7 +152,8 @@ absl::StatusOr<ExtractionContract> ContractFromJson(absl::string_view json_text)
     c.tensors_skipped = j.at("tensors_skipped").get<int64_t>();
     for (const auto& s : j.at("skipped")) {
       c.skipped.push_back({s.at("prefix").get<std::string>(), s.at("count").get<int64_t>(),
-                           s.at("reason").get<std::string>()});
+                           s.at("reason").get<std::string>(),
+                           s.value("names", std::vector<std::string>{})});
     }
     c.num_layers = j.at("num_layers").get<int64_t>();
     c.hidden_size = j.at("hidden_size").get<int64_t>();
@@ -163,6 +167,7 @@ absl::StatusOr<ExtractionContract> ContractFromJson(absl::string_view json_text)
     c.specwire_version = j.at("specwire_version").get<std::string>();
     c.chat_template_digest = j.value("chat_template_digest", std::string());  // absent before
     if (j.contains("canary")) c.canary = CanaryOf(j["canary"]);
+    c.config_json = j.value("config_json", std::string());  // absent before
     return c;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("contract: ", e.what()));

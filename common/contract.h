@@ -25,6 +25,9 @@ struct SkippedTensors {
   std::string prefix;  // "model.visual.", "mtp.", "lm_head.weight"
   int64_t count = 0;
   std::string reason;  // "vision tower (text path)", "tied to model.embed_tokens.weight"
+  // Every tensor's name, for the group a client drafts with ("mtp.": the checkpoint's own
+  // multi-token-prediction head, fetched by GetTensors); empty for the others.
+  std::vector<std::string> names;
   bool operator==(const SkippedTensors&) const = default;
 };
 
@@ -103,6 +106,9 @@ struct ExtractionContract {
   std::string chat_template_digest;
   // The canary fingerprint of this target as loaded (computed at load; empty when disabled).
   CanaryFingerprint canary;
+  // The checkpoint's config.json as the extractor read it (what a client builds the target's
+  // own MTP head from); empty from extractors that predate it.
+  std::string config_json;
   bool operator==(const ExtractionContract&) const = default;
 };
 

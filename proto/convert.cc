@@ -52,6 +52,7 @@ void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
     p->set_prefix(s.prefix);
     p->set_count(s.count);
     p->set_reason(s.reason);
+    for (const std::string& n : s.names) p->add_names(n);
   }
   out->set_num_layers(static_cast<int32_t>(c.num_layers));
   out->set_hidden_size(static_cast<int32_t>(c.hidden_size));
@@ -64,6 +65,7 @@ void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
   out->set_tokenizer_digest(c.tokenizer_digest);
   out->set_chat_template_digest(c.chat_template_digest);
   out->set_specwire_version(c.specwire_version);
+  out->set_config_json(c.config_json);
   auto* canary = out->mutable_canary();
   for (int64_t id : c.canary.token_ids) canary->add_token_ids(static_cast<int32_t>(id));
   canary->set_compute_dtype(c.canary.compute_dtype);
@@ -86,7 +88,10 @@ ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
   c.weight_prefix = p.weight_prefix();
   c.tensors_loaded = p.tensors_loaded();
   c.tensors_skipped = p.tensors_skipped();
-  for (const auto& s : p.skipped()) c.skipped.push_back({s.prefix(), s.count(), s.reason()});
+  for (const auto& s : p.skipped()) {
+    c.skipped.push_back({s.prefix(), s.count(), s.reason(),
+                         std::vector<std::string>(s.names().begin(), s.names().end())});
+  }
   c.num_layers = p.num_layers();
   c.hidden_size = p.hidden_size();
   c.vocab_size = p.vocab_size();
@@ -98,6 +103,7 @@ ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
   c.tokenizer_digest = p.tokenizer_digest();
   c.chat_template_digest = p.chat_template_digest();
   c.specwire_version = p.specwire_version();
+  c.config_json = p.config_json();
   c.canary.token_ids.assign(p.canary().token_ids().begin(), p.canary().token_ids().end());
   c.canary.compute_dtype = p.canary().compute_dtype();
   for (const auto& t : p.canary().taps()) {

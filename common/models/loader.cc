@@ -315,18 +315,21 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
 
     // Everything not loaded is skipped for a reason, or is an error.
     std::map<std::string, SkippedTensors> skipped;
-    auto skip = [&](const std::string& group, const std::string& reason) {
+    auto skip = [&](const std::string& group, const std::string& reason,
+                    const std::string& name = "") {
       auto& s = skipped[group];
       s.prefix = group;
       s.reason = reason;
       ++s.count;
+      if (!name.empty()) s.names.push_back(name);
     };
     for (const auto& [name, view] : ckpt.tensors()) {
       if (consumed.count(name)) continue;
       bool handled = false;
       for (const SkipRule& rule : kSkipRules) {
         if (name.starts_with(rule.prefix) && (vlm || !rule.vlm_only)) {
-          skip(rule.prefix, rule.reason);
+          // The MTP head's tensors are named: a scorer fetches them to draft with it.
+          skip(rule.prefix, rule.reason, std::string(rule.prefix) == "mtp." ? name : "");
           handled = true;
           break;
         }
@@ -367,6 +370,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
       c.skipped.push_back(s);
     }
     c.weights_digest = digest.Hex();
+    c.config_json = config_text;
     const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
     if (std::filesystem::exists(tok_path)) {
       SW_ASSIGN_OR_RETURN(std::string tok, ReadFileToString(tok_path));

@@ -59,7 +59,8 @@ ABSL_FLAG(std::string, drafter, "",
           "The drafter: a checkpoint directory (config.json + safetensors) of any family "
           "specwire reads; its config.json declares which (DFlash, DFlash2, DSpark, Domino, "
           "EAGLE-3, P-EAGLE, MTP, XPress: a target directory with mtp.* tensors drafts with its own head). "
-          "Required.");
+          "\"mtp\": the served target's own multi-token-prediction head, its mtp.* tensors and "
+          "config.json fetched from the extractor (or read from --target_checkpoint). Required.");
 ABSL_FLAG(std::string, dataset, "",
           "JSONL prompts, one {\"prompt\": str} or {\"input_ids\": [int]} per line (a path on the "
           "scorer's host with --scorer).");

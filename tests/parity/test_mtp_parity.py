@@ -251,9 +251,12 @@ def test_replay_equals_the_reference_replay(replayed):
 
 
 def test_the_services_score_the_head_as_the_replay_does(replayed, tmp_path):
-    """The target's directory as the drafter of a scorer job: the scorer reads the head, the
-    extractor serves the target's final-normed states and its embedding and lm_head; the job's
-    step lengths are the replay's, and the teacher-forced T > 0 rows come from the chain's q."""
+    """The target's own head as the drafter of a scorer job, named two ways: the target's
+    directory (the scorer reads the head) and "mtp" (the scorer fetches the contract's mtp.*
+    tensors and config.json from the extractor, which has the only copy of the checkpoint; in
+    process too). The extractor serves the target's final-normed states and its embedding and
+    lm_head; every job's step lengths are the replay's, and the teacher-forced T > 0 rows come
+    from the chain's q. A target without a head is refused naming drafter_path."""
     sys.path.insert(0, str(REPO / "tests" / "deploy"))
     import deploy_harness as D
     target = Path(replayed["target"])
@@ -262,21 +265,29 @@ def test_the_services_score_the_head_as_the_replay_does(replayed, tmp_path):
     dataset.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in prompts))
     ex = D.extractor(target, tmp_path, D.free_port()).start()
     sc = None
+    reports = {}
     try:
         sc = D.scorer(ex.address, tmp_path, D.free_port(), tmp_path / "cache").start()
-        report = tmp_path / "report.json"
-        r = subprocess.run([str(D.binary("services/scorer/specwire-score")),
-                            f"--scorer={sc.address}", f"--drafter={target}",
-                            f"--dataset={dataset}", f"--max_new_tokens={NEW_TOKENS}",
-                            f"--json_out={report}", "--temperature=0.7", "--quiet",
-                            "--scorer_timeout=120"],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+        for name, where, drafter in (("dir", f"--scorer={sc.address}", str(target)),
+                                     ("mtp", f"--scorer={sc.address}", "mtp"),
+                                     ("mtp-in-process", f"--extractor={ex.address}", "mtp")):
+            report = tmp_path / f"report-{name}.json"
+            extra = ["--cache_dir=none"] if where.startswith("--extractor") else []
+            r = subprocess.run([str(D.binary("services/scorer/specwire-score")), where,
+                                f"--drafter={drafter}", f"--dataset={dataset}",
+                                f"--max_new_tokens={NEW_TOKENS}", f"--json_out={report}",
+                                "--temperature=0.7", "--quiet", "--scorer_timeout=120", *extra],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, (name, r.stderr[-3000:])
+            reports[name] = json.loads(report.read_text())
+        fetched = list((tmp_path / "cache" / "target-mtp").iterdir())
+        assert len(fetched) == 1 and (fetched[0] / "config.json").read_text() == \
+            (target / "config.json").read_text()
     finally:
         if sc is not None:
             sc.stop()
         ex.stop()
-    rep = json.loads(report.read_text())
+    rep = reports["dir"]
     assert rep["labels"]["method"] == "mtp"
     ours = replayed["ours"]["responses"]
     compared = 0
@@ -291,3 +302,30 @@ def test_the_services_score_the_head_as_the_replay_does(replayed, tmp_path):
         assert t["teacher_forced"] and t["temperature"] == 0.7
         assert len(t["alpha"]) == 3 and all(0.0 <= a <= 1.0 for a in t["alpha"])
         assert t["tau_prob"] >= 1.0
+    for name in ("mtp", "mtp-in-process"):
+        other = reports[name]
+        assert other["labels"]["drafter"] == "mtp" and other["labels"]["method"] == "mtp", name
+        assert [p["step_lengths"] for p in other["prompts"]] == \
+            [p["step_lengths"] for p in rep["prompts"]], name
+        for x, y in zip(other["summary"]["temperature"], rep["summary"]["temperature"]):
+            assert (x["rule"], x["blocks"], x["alpha_blocks"]) == \
+                (y["rule"], y["blocks"], y["alpha_blocks"]), name
+            # The same head and states; the sums' rounding may differ (another thread count).
+            assert x["tau_prob"] == pytest.approx(y["tau_prob"], rel=1e-7), name
+            assert x["alpha"] == pytest.approx(y["alpha"], rel=1e-7), name
+
+
+def test_mtp_of_a_target_without_a_head_is_refused(tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "deploy"))
+    import deploy_harness as D
+    ex = D.extractor(REPO / "models" / "tiny-qwen3", tmp_path, D.free_port()).start()
+    try:
+        r = subprocess.run([str(D.binary("services/scorer/specwire-score")),
+                            f"--extractor={ex.address}", "--drafter=mtp", "--tokens=1,2,3",
+                            "--max_new_tokens=4", "--cache_dir=none", "--quiet"],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        ex.stop()
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert 'drafter_path "mtp"' in r.stderr and "no multi-token-prediction head" in r.stderr, \
+        r.stderr[-2000:]

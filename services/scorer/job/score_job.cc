@@ -9,6 +9,7 @@
 #include "common/digest.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/scorer/job/target_drafter.h"
 #include "services/scorer/job/trajectory_fetcher.h"
 
 namespace specwire {
@@ -137,6 +138,12 @@ absl::Status ScoreRunner::Run(const ScoreSpec& spec_in, const ScoreEvents& event
   // 1. The target, as every extractor states it.
   SW_ASSIGN_OR_RETURN(const ConnectedTarget target,
                       ConnectTarget(*pool_, options_.fetch.retry, cancelled, options_.log));
+  // The target's own MTP head: its tensors and config, from the extractor (or the checkpoint).
+  if (spec.drafter_path == kTargetMtpDrafter) {
+    SW_ASSIGN_OR_RETURN(spec.drafter_path,
+                        TargetMtpDrafterDir(options_.head, *target.endpoints[0], target.contract,
+                                            options_.log));
+  }
   // 2. The drafter, checked against it before any work; its family labels the job unless the
   // job names a method.
   SW_ASSIGN_OR_RETURN(const DrafterSpec drafter, LoadCheckedDrafter(spec, target.contract));

@@ -23,8 +23,6 @@ using json = nlohmann::json;
 constexpr char kEmbedName[] = "model.embed_tokens.weight";
 constexpr char kLmHeadName[] = "lm_head.weight";
 
-namespace {
-
 std::string FileSafe(const std::string& s) {
   std::string out = s;
   for (char& c : out) {
@@ -33,6 +31,8 @@ std::string FileSafe(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 
 absl::Status CheckHeadShape(const HeldTensor& t, const ExtractionContract& c,
                             absl::string_view source) {

@@ -28,6 +28,9 @@ absl::Status EnsureTargetHead(const TargetHeadOptions& options, ScorerBackend& b
                               ExtractorEndpoint& endpoint, const ExtractionContract& contract,
                               const std::function<void(const std::string&)>& log);
 
+// `s` as a file name: every character but [A-Za-z0-9._-] replaced by '-' (a digest's ':').
+std::string FileSafe(const std::string& s);
+
 // The cache on disk: <dir>/tensors/<digest>.safetensors (one tensor, named by its canonical
 // name) and <dir>/targets/<weights digest>.json ({name: digest}).
 absl::StatusOr<TargetHead> LoadCachedTargetHead(const std::string& cache_dir,
