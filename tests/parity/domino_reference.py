@@ -2,6 +2,7 @@
 path (.venv/trainer-oracles; its pins clash with the project's).
 
     python domino_reference.py SPEC.json
+    python domino_reference.py replay SPEC.json   (see replay)
 
 SPEC: {"target": DIR (a HF Qwen3 checkpoint), "out": DIR, "variants": {name: {...}},
 "context": C, "seed": S}. For each variant, SpecForge's own DominoDraftModel with random weights,
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -27,7 +30,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dspark_reference import load_spec, randomize, specforge_config  # noqa: E402
+from dspark_reference import (load_spec, on_dflash_backbone, randomize,  # noqa: E402
+                              reference_replay, specforge_config)
 
 
 def domino_model(v: dict, tc, g: torch.Generator):
@@ -45,7 +49,41 @@ def domino_model(v: dict, tc, g: torch.Generator):
     return m
 
 
+def replay(spec: dict) -> None:
+    """SPEC: {"dflash": DIR (a z-lab DFlash drafter), "target": DIR, "out": DIR, "prompts":
+    [[ids]], "max_new_tokens": N, "seed": S, "shift_label": bool, "pure_draft_prefix_len": p,
+    "emb_dim": e, "gru_hidden_dim": g}. SpecForge's own DominoDraftModel on the DFlash drafter's
+    backbone with a random logit correction (large enough to change drafts), saved by its
+    save_pretrained into DIR; the target's greedy trajectories and the greedy replay written on
+    the package's own forward and block sampler (_sample_draft_tokens, spec_generate's): per step
+    the block [anchor, mask × (len − 1)], len = min(B, max_length − start), after the context
+    features of [0, start) (dspark_reference.reference_replay). Prints its JSON."""
+    from specforge.modeling.draft.domino import DominoDraftModel
+
+    def heads(name, p, g):  # a correction that changes some drafts and keeps others
+        p.copy_(spec.get("head_scale", 0.1) * torch.randn(p.shape, generator=g))
+
+    m = on_dflash_backbone(spec, DominoDraftModel, "domino", ("prefix_gru.", "embed_proj."),
+                           heads, emb_dim=spec["emb_dim"], gru_hidden_dim=spec["gru_hidden_dim"],
+                           pure_draft_prefix_len=spec["pure_draft_prefix_len"],
+                           shift_label=spec["shift_label"])
+    B, mask = m.block_size, m.mask_token_id
+
+    def draft(target, feats, traj, start, max_length):
+        n = min(B, max_length - start)
+        block = torch.tensor([[traj[start]] + [mask] * (n - 1)])
+        hidden = m(position_ids=torch.arange(start + n)[None], attention_mask=None,
+                   noise_embedding=target.model.embed_tokens(block),
+                   target_hidden=feats[:, :start])  # [1, n, H]
+        return m._sample_draft_tokens(target, hidden, block.clone())[0].tolist(), {}
+
+    print(json.dumps(reference_replay(spec, m.target_layer_ids, draft)))
+
+
 def main() -> None:
+    if sys.argv[1] == "replay":
+        replay(json.loads(Path(sys.argv[2]).read_text()))
+        return
     spec, out, tc, target = load_spec()
     V = tc.vocab_size
     embed = target["model.embed_tokens.weight"].float()

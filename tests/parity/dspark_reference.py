@@ -154,30 +154,72 @@ def replay(spec: dict) -> None:
     min(a + 1, T − 1 − start). Prints {"trajectories", "step_lengths", "blocks": [[{"accepted",
     "predicted"}]]}."""
     from specforge.modeling.draft.dspark import DSparkDraftModel
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def heads(name, p, g):
+        p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+    m = on_dflash_backbone(spec, DSparkDraftModel, "dspark", ("markov_head.", "confidence_head."),
+                           heads, markov_rank=spec["markov_rank"],
+                           markov_head_type=spec["markov_head_type"],
+                           enable_confidence_head=True, confidence_head_with_markov=True)
+    B, mask = m.block_size, m.mask_token_id
+
+    def draft(target, feats, traj, start, max_length):
+        # As SpecForge trains it, every slot drafts: a block of n = len − 1 slots after the
+        # anchor drafts the n tokens after it, len = min(B + 1, max_length − start).
+        n = min(B + 1, max_length - start) - 1
+        block = torch.tensor([[traj[start]] + [mask] * (n - 1)])
+        hidden = m(position_ids=torch.arange(start + n)[None], attention_mask=None,
+                   noise_embedding=target.model.embed_tokens(block),
+                   target_hidden=feats[:, :start])  # [1, n, H]
+        base = target.lm_head(hidden)
+        drafts, _ = m.markov_head.sample_block_tokens(
+            base, first_prev_token_ids=block[:, 0], hidden_states=hidden)
+        prev = torch.cat([block[:, :1], drafts[:, :-1]], dim=1)
+        conf = torch.sigmoid(m.predict_confidence(hidden, prev_token_ids=prev))[0]
+        return drafts[0].tolist(), {"predicted": conf.tolist()}
+
+    print(json.dumps(reference_replay(spec, m.target_layer_ids, draft)))
+
+
+def on_dflash_backbone(spec: dict, cls, projector: str, head_prefixes: tuple, init, **config):
+    """SpecForge's model `cls` of a family on the DFlash backbone (dflash_config.projector_type
+    `projector`, the family's `config` keys) holding spec["dflash"]'s weights (a z-lab DFlash
+    drafter), its heads (the parameters under `head_prefixes`) set by init(name, p, g) with g
+    seeded spec["seed"], saved by its save_pretrained into spec["out"]; one torch thread."""
+    from transformers import AutoConfig
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(spec["seed"])
     cfg = AutoConfig.from_pretrained(spec["dflash"])
-    cfg.architectures = ["DSparkDraftModel"]
-    cfg.dflash_config = dict(cfg.dflash_config, projector_type="dspark", attention_mode="gqa",
-                             markov_rank=spec["markov_rank"],
-                             markov_head_type=spec["markov_head_type"],
-                             enable_confidence_head=True, confidence_head_with_markov=True)
+    cfg.architectures = [cls.__name__]
+    cfg.dflash_config = dict(cfg.dflash_config, projector_type=projector, attention_mode="gqa",
+                             **config)
     cfg._attn_implementation = "eager"
-    m = DSparkDraftModel(cfg).eval().float()
+    m = cls(cfg).eval().float()
     backbone = {k: v.float() for k, v in
                 load_file(str(Path(spec["dflash"]) / "model.safetensors")).items()}
     missing, unexpected = m.load_state_dict(backbone, strict=False)
-    assert not unexpected and all(k.startswith(("markov_head.", "confidence_head."))
-                                  for k in missing), (missing, unexpected)
+    assert not unexpected and all(k.startswith(head_prefixes) for k in missing), \
+        (missing, unexpected)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if name.startswith(("markov_head.", "confidence_head.")):
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            if name.startswith(head_prefixes):
+                init(name, p, g)
     m.save_pretrained(spec["out"])
+    return m
+
+
+def reference_replay(spec: dict, layer_ids: list[int], draft) -> dict:
+    """The greedy replay written on a reference package's own drafting: the target's greedy
+    trajectories of spec["prompts"] (transformers, spec["max_new_tokens"] tokens, eos ignored),
+    their features (the layers `layer_ids`, HF hidden_states[k + 1]), then per step
+    draft(target, features [1, T, n·H], trajectory, start, max_length) → (drafts, record): a =
+    leading drafts equal to the trajectory, produced = min(a + 1, T − 1 − start). Returns
+    {"trajectories", "step_lengths", "blocks": [[{"accepted", **record}]]}."""
+    from transformers import AutoModelForCausalLM
+
     target = AutoModelForCausalLM.from_pretrained(spec["target"], dtype=torch.float32).eval()
-    ids, B, mask = m.target_layer_ids, m.block_size, m.mask_token_id
     N = spec["max_new_tokens"]
     trajectories, all_steps, all_blocks = [], [], []
     with torch.no_grad():
@@ -187,33 +229,21 @@ def replay(spec: dict) -> None:
                 traj.append(int(target(torch.tensor([traj])).logits[0, -1].argmax()))
             T, P = len(traj), len(prompt)
             hs = target(torch.tensor([traj]), output_hidden_states=True).hidden_states
-            feats = torch.cat([hs[k + 1] for k in ids], dim=-1)  # [1, T, n·H]
+            feats = torch.cat([hs[k + 1] for k in layer_ids], dim=-1)  # [1, T, n·H]
             steps, blocks, start, max_length = [], [], P, P + N
             while start + 1 < T:
-                # As SpecForge trains it, every slot drafts: a block of n = len − 1 slots after
-                # the anchor drafts the n tokens after it, len = min(B + 1, max_length − start).
-                n = min(B + 1, max_length - start) - 1
-                block = torch.tensor([[traj[start]] + [mask] * (n - 1)])
-                hidden = m(position_ids=torch.arange(start + n)[None], attention_mask=None,
-                           noise_embedding=target.model.embed_tokens(block),
-                           target_hidden=feats[:, :start])  # [1, n, H]
-                base = target.lm_head(hidden)
-                drafts, _ = m.markov_head.sample_block_tokens(
-                    base, first_prev_token_ids=block[:, 0], hidden_states=hidden)
-                prev = torch.cat([block[:, :1], drafts[:, :-1]], dim=1)
-                conf = torch.sigmoid(m.predict_confidence(hidden, prev_token_ids=prev))[0]
+                drafts, record = draft(target, feats, traj, start, max_length)
                 a = 0
-                while a < n and start + 1 + a < T and int(drafts[0, a]) == traj[start + 1 + a]:
+                while a < len(drafts) and start + 1 + a < T and drafts[a] == traj[start + 1 + a]:
                     a += 1
                 produced = min(a + 1, T - 1 - start)
                 steps.append(produced)
-                blocks.append({"accepted": a, "predicted": conf.tolist()})
+                blocks.append({"accepted": a, **record})
                 start += produced
             trajectories.append(traj)
             all_steps.append(steps)
             all_blocks.append(blocks)
-    print(json.dumps({"trajectories": trajectories, "step_lengths": all_steps,
-                      "blocks": all_blocks}))
+    return {"trajectories": trajectories, "step_lengths": all_steps, "blocks": all_blocks}
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ Seeded random variants are added every day (SPECWIRE_DOMINO_SEED repeats a run).
 checkpoints are refused naming the file and key or tensor."""
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 import torch
 
 import dflash_fixtures as F
+
+REPO = Path(__file__).resolve().parents[2]
 
 CONTEXT = 9
 TOL = 1e-5
@@ -130,3 +133,48 @@ def test_bad_checkpoints_are_refused_by_name(oracle, case):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     for w in words:
         assert w in r.stderr, (case, w, r.stderr[-2000:])
+
+
+# --- the replay against a replay written on the reference's own drafting -----------------------
+
+REPLAY_NEW_TOKENS = 40
+REPLAY_PROMPTS = [[1, 5, 9, 14], [3, 200, 7, 7, 81, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+@pytest.fixture(scope="module", params=[(False, 0), (True, 2)], ids=["plain", "shift-prefix2"])
+def replayed(request, tmp_path_factory):
+    """The committed DFlash drafter's backbone as a SpecForge Domino drafter with a random
+    correction (shift_label and pure_draft_prefix_len as the parameter says), replayed by the
+    reference and by specwire-replay on the same greedy trajectories of the committed target."""
+    F.require_oracles("specforge")
+    shift, prefix = request.param
+    root = tmp_path_factory.mktemp("domino-replay")
+    target = REPO / "models" / "tiny-qwen3"
+    spec = F.write_json(root / "spec.json", {
+        "dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
+        "out": str(root / "domino"), "prompts": REPLAY_PROMPTS,
+        "max_new_tokens": REPLAY_NEW_TOKENS, "seed": 11, "shift_label": shift,
+        "pure_draft_prefix_len": prefix, "emb_dim": 32, "gru_hidden_dim": 24})
+    r = F.run_oracle_script("domino_reference.py", "replay", str(spec))
+    ref = json.loads(r.stdout.strip().splitlines()[-1])
+    trajs = F.write_json(root / "trajectories.json",
+                         [{"prompt": p, "completion": t[len(p):]}
+                          for p, t in zip(REPLAY_PROMPTS, ref["trajectories"])])
+    ours, dflash = (F.run_replay(["replay", "--drafter", str(d), "--target_checkpoint",
+                                  str(target), "--trajectories_file", str(trajs),
+                                  "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--ddtree", "none",
+                                  "--threads=1"])
+                    for d in (root / "domino", REPO / "models" / "tiny-qwen3-dflash"))
+    return ref, ours, dflash
+
+
+def test_replay_equals_the_reference_replay(replayed):
+    ref, ours, dflash = replayed
+    assert ours["method"] == "domino" and ours["format"] == "specforge"
+    got = [r["step_lengths"] for r in ours["responses"]]
+    assert got == ref["step_lengths"]
+    # The correction matters: the backbone alone (the DFlash drafter) steps otherwise.
+    assert got != [r["step_lengths"] for r in dflash["responses"]]
+    flat = [a for s in got for a in s]
+    assert max(flat) >= 3 and min(flat) == 1, flat  # the check is not all-ones
+    print(f"Domino replay: tau {ours['summary']['tau_mean_of_means']:.3f} over {len(flat)} steps")

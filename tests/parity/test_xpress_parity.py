@@ -11,6 +11,7 @@ Seeded random variants are added every day (SPECWIRE_XPRESS_SEED repeats a run).
 checkpoints are refused naming the file and key or tensor."""
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 
 import dflash_fixtures as F
 
+REPO = Path(__file__).resolve().parents[2]
 CONTEXT = 9
 TOL = 1e-5
 
@@ -130,3 +132,61 @@ def test_bad_checkpoints_are_refused_by_name(oracle, case):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     for w in words:
         assert w in r.stderr, (case, w, r.stderr[-2000:])
+
+
+# --- the replay against a replay written on the reference's own drafting -----------------------
+
+REPLAY_NEW_TOKENS = 40
+REPLAY_PROMPTS = [[1, 5, 9, 14], [3, 200, 7, 7, 81, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """The committed DFlash drafter's backbone in a speculators XPress drafter with a random
+    refiner, replayed by the reference (its backbone, then its Jacobi passes) and by
+    specwire-replay's features command on the same greedy trajectories of the committed target
+    and the same context features (transformers' hidden states, as the reference reads them:
+    the Jacobi passes carry a feature's last-bit difference into a draft now and then, which a
+    replay on the extractor's own features would show as a step of its own); and the backbone
+    alone (the DFlash drafter) on them."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    F.require_oracles("speculators")
+    root = tmp_path_factory.mktemp("xpress-replay")
+    target = REPO / "models" / "tiny-qwen3"
+    spec = F.write_json(root / "spec.json", {
+        "dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
+        "out": str(root / "xpress"), "prompts": REPLAY_PROMPTS,
+        "max_new_tokens": REPLAY_NEW_TOKENS, "seed": 13, "rank": 16, "mlp_ratio": 2,
+        "passes": 3, "refiner_scale": 1.0})
+    r = F.run_oracle_script("xpress_reference.py", "replay", str(spec))
+    ref = json.loads(r.stdout.strip().splitlines()[-1])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    ids = json.loads((REPO / "models" / "tiny-qwen3-dflash" / "config.json").read_text())[
+        "dflash_config"]["target_layer_ids"]
+    cases, tensors = [], {}
+    for i, (p, traj) in enumerate(zip(REPLAY_PROMPTS, ref["trajectories"])):
+        with torch.no_grad():
+            hs = hf(torch.tensor([traj]), output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[k + 1] for k in ids], dim=-1)[0].contiguous()
+        tensors[f"case.{i}.canonical"], tensors[f"case.{i}.foreign"] = feats, feats.clone()
+        # Room past the trajectory: every block is a full one, as the reference drafts them.
+        cases.append({"trajectory": traj, "prompt_len": len(p), "max_length": len(traj) + 16})
+    save_file(tensors, str(root / "cases.safetensors"), metadata={"cases": json.dumps(cases)})
+    ours, dflash = (F.run_replay(["features", "--drafter", str(d), "--target_checkpoint",
+                                  str(target), "--cases", str(root / "cases.safetensors"),
+                                  "--threads=1"])
+                    for d in (root / "xpress", REPO / "models" / "tiny-qwen3-dflash"))
+    return ref, ours, dflash
+
+
+def test_replay_equals_the_reference_replay(replayed):
+    ref, ours, dflash = replayed
+    assert ours["method"] == "xpress" and ours["format"] == "speculators"
+    got = [r["canonical"] for r in ours["responses"]]
+    assert got == ref["step_lengths"]
+    assert got != [r["canonical"] for r in dflash["responses"]]  # the refiner matters
+    flat = [a for s in got for a in s]
+    assert max(flat) >= 3 and min(flat) == 1, flat
+    print(f"XPress replay: tau {sum(flat) / len(flat):.3f} over {len(flat)} steps")

@@ -815,6 +815,8 @@ absl::Status RunFeatures() {
   out["canonical_better"] = c.a_better;
   out["ties"] = c.ties;
   out["responses"] = responses;
+  out["method"] = dc.method;
+  out["format"] = dc.format;
   out["block_size"] = dc.block_size;
   out["target_layer_ids"] = dc.target_layer_ids;
   out["bootstrap"] = {{"resamples", bootstrap.resamples}, {"seed", bootstrap.seed}};
