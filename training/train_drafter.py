@@ -337,6 +337,29 @@ def add_loop_args(ap, steps: int) -> None:
     ap.add_argument("--log-every", type=int, default=100)
 
 
+def add_finetune_args(ap, steps: int, log_every: int) -> None:
+    """The flags of a drafter fine-tuned from a DFlash drafter of the target (--init): where the
+    target is, the output, the self-generated data and the loop (the committed runs' settings
+    but the step counts)."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--extractor")
+    src.add_argument("--target", type=Path)
+    ap.add_argument("--extractor-bin", type=Path)
+    ap.add_argument("--init", type=Path, required=True, help="a DFlash drafter of the target")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prompts", type=int, default=384)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--anchors-per-seq", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--gamma", type=float, default=7.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=log_every)
+
+
 def self_generated_features(address: str, args, layer_ids: list[int], final_norm: bool,
                             names: list[str], contract, seed: int | None = None,
                             min_completion: int = 3) -> list[dict]:

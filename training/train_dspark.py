@@ -41,8 +41,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
-from train_drafter import (extractor, feature_taps, fit, make_batch,  # noqa: E402
-                           self_generated_features)
+from train_drafter import (add_finetune_args, extractor, feature_taps, fit,  # noqa: E402
+                           make_batch, self_generated_features)
 
 from specwire_client import ExtractorClient  # noqa: E402
 
@@ -99,25 +99,9 @@ def losses(model, heads, batch: dict, labels, prev, embed, head, weights, block:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extractor")
-    src.add_argument("--target", type=Path)
-    ap.add_argument("--extractor-bin", type=Path)
-    ap.add_argument("--init", type=Path, required=True, help="a DFlash drafter of the target")
-    ap.add_argument("--out", type=Path, required=True)
+    add_finetune_args(ap, steps=1500, log_every=250)
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--confidence-alpha", type=float, default=1.0)
-    ap.add_argument("--prompts", type=int, default=384)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--anchors-per-seq", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--gamma", type=float, default=7.0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=250)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

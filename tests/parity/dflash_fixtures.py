@@ -518,6 +518,17 @@ def greedy_batch(target, prompts: list[list[int]], max_new_tokens: int) -> list[
     return ids.tolist()
 
 
+def assert_replays_as_reference(got: list, reference: list, backbone: list, family: str) -> None:
+    """A family's replay (step lengths per response) against the replay written on its reference
+    package: the same steps; not the steps of its backbone alone (the family's own part changed
+    drafts); some steps long, some one token (the check has power). Prints the τ."""
+    assert got == reference
+    assert got != backbone, f"{family}: the same steps as the backbone alone"
+    flat = [a for steps in got for a in steps]
+    assert max(flat) >= 3 and min(flat) == 1, flat
+    print(f"{family} replay: tau {sum(flat) / len(flat):.3f} over {len(flat)} steps")
+
+
 def write_json(path: Path, obj: Any) -> Path:
     path.write_text(json.dumps(obj))
     return path

@@ -26,7 +26,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from dspark_reference import load_spec, qwen3_layers, share_target_head  # noqa: E402
+from dspark_reference import (load_spec, qwen3_layers, share_target_head,  # noqa: E402
+                              speculators_block_states)
 
 
 def main() -> None:
@@ -75,15 +76,7 @@ def main() -> None:
         anchor = int(torch.randint(0, V - 1, (1,), generator=g))
         block = torch.tensor([[anchor] + [V - 1] * (B - 1)])
         with torch.no_grad():
-            noise = m.embed_tokens(block)
-            pos = torch.arange(C + B)[None]
-            th = m.hidden_norm(m.fc(feats))
-            pe = m.rotary_emb(noise, pos)
-            h = noise
-            for layer in m.layers:
-                h = layer(hidden_states=h, target_hidden=th, attention_mask=None,
-                          position_ids=pos, position_embeddings=pe)
-            normed = m.norm(h)[0, 1:]
+            normed = speculators_block_states(m, feats, block)[0, 1:]
             logits = m.lm_head(normed)
             path, pred = [], anchor
             if two:

@@ -182,6 +182,22 @@ def replay(spec: dict) -> None:
     print(json.dumps(reference_replay(spec, m.target_layer_ids, draft)))
 
 
+def speculators_block_states(m, feats, block):
+    """A speculators DFlash-based model's own layers over `block` [1, B] after the context
+    features `feats` [1, C, n·H] (queries from the block, keys and values from [context ; block],
+    every key visible): the final-normed states [1, B, H]."""
+    C, B = feats.shape[1], block.shape[1]
+    pos = torch.arange(C + B)[None]
+    noise = m.embed_tokens(block)
+    th = m.hidden_norm(m.fc(feats))
+    pe = m.rotary_emb(noise, pos)
+    h = noise
+    for layer in m.layers:
+        h = layer(hidden_states=h, target_hidden=th, attention_mask=None,
+                  position_ids=pos, position_embeddings=pe)
+    return m.norm(h)
+
+
 def on_dflash_backbone(spec: dict, cls, projector: str, head_prefixes: tuple, init, **config):
     """SpecForge's model `cls` of a family on the DFlash backbone (dflash_config.projector_type
     `projector`, the family's `config` keys) holding spec["dflash"]'s weights (a z-lab DFlash

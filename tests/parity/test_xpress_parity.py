@@ -184,9 +184,6 @@ def replayed(tmp_path_factory):
 def test_replay_equals_the_reference_replay(replayed):
     ref, ours, dflash = replayed
     assert ours["method"] == "xpress" and ours["format"] == "speculators"
-    got = [r["canonical"] for r in ours["responses"]]
-    assert got == ref["step_lengths"]
-    assert got != [r["canonical"] for r in dflash["responses"]]  # the refiner matters
-    flat = [a for s in got for a in s]
-    assert max(flat) >= 3 and min(flat) == 1, flat
-    print(f"XPress replay: tau {sum(flat) / len(flat):.3f} over {len(flat)} steps")
+    F.assert_replays_as_reference([r["canonical"] for r in ours["responses"]],
+                                  ref["step_lengths"],
+                                  [r["canonical"] for r in dflash["responses"]], "XPress")

@@ -29,7 +29,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dspark_reference import load_spec, qwen3_layers, randomize, share_target_head  # noqa: E402
+from dspark_reference import (load_spec, qwen3_layers, randomize,  # noqa: E402
+                              share_target_head, speculators_block_states)
 
 
 def xpress_model(v: dict, tc, target: dict, g: torch.Generator, layers=None,
@@ -69,16 +70,7 @@ def xpress_block(m, feats, block, am1, passes: int, sfa: bool, block_tokens=None
     [1, C, n·H], its head, and its own refiner (hidden_cache, block_bias) exactly as
     XPressDraftModel.forward runs it: (the teacher-forced logits on `block_tokens`' previous
     tokens, or None; the last Jacobi pass's logits; its drafts), every slot."""
-    C, B = feats.shape[1], block.shape[1]
-    pos = torch.arange(C + B)[None]
-    noise = m.embed_tokens(block)
-    th = m.hidden_norm(m.fc(feats))
-    pe = m.rotary_emb(noise, pos)
-    h = noise
-    for layer in m.layers:
-        h = layer(hidden_states=h, target_hidden=th, attention_mask=None,
-                  position_ids=pos, position_embeddings=pe)
-    hb = m.norm(h)  # [1, B, H]
+    hb = speculators_block_states(m, feats, block)  # [1, B, H]
     base = m.lm_head(hb)
     head = m.refiner_head
     hcache = head.hidden_cache(hb.to(head.down_h.weight.dtype))
