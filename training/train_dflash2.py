@@ -34,10 +34,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
-from train_drafter import (add_finetune_args, block_weights, extractor,  # noqa: E402
-                           feature_taps, fit, make_batch, self_generated_features)
+from train_drafter import (add_finetune_args, block_weights, finetune_data, fit,  # noqa: E402
+                           make_batch)
 
-from specwire_client import ExtractorClient  # noqa: E402
 
 
 def per_block(batch: dict, block: int) -> dict:
@@ -119,16 +118,7 @@ def main() -> None:
     block = cfg.block_size if hasattr(cfg, "block_size") else cfg.dflash_config["block_size"]
     layer_ids = cfg.dflash_config["target_layer_ids"]
 
-    with extractor(args) as address:
-        with ExtractorClient(address, timeout=120) as client:
-            client.wait_ready(60)
-            contract = client.model_info()
-            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
-        embed = tensors["model.embed_tokens.weight"].float()
-        head = tensors["lm_head.weight"].float()
-        taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
-        train = self_generated_features(address, args, taps, final_norm, names, contract,
-                                        seed=args.seed + 7, min_completion=2)
+    contract, embed, head, train = finetune_data(args, layer_ids, seed=args.seed + 7)
     weights = block_weights(block, args.gamma)
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()

@@ -360,6 +360,22 @@ def add_finetune_args(ap, steps: int, log_every: int) -> None:
     ap.add_argument("--log-every", type=int, default=log_every)
 
 
+def finetune_data(args, layer_ids: list[int], seed: int) -> tuple:
+    """What a fine-tuning run (add_finetune_args) trains on, from the extractor args name: the
+    target's contract, its embedding and lm_head (fp32), and its self-generated features of the
+    drafter's `layer_ids` (prompts drawn with `seed`, completions of 2 tokens or more)."""
+    with extractor(args) as address:
+        with ExtractorClient(address, timeout=120) as client:
+            client.wait_ready(60)
+            contract = client.model_info()
+            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
+        taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
+        train = self_generated_features(address, args, taps, final_norm, names, contract,
+                                        seed=seed, min_completion=2)
+    return (contract, tensors["model.embed_tokens.weight"].float(),
+            tensors["lm_head.weight"].float(), train)
+
+
 def self_generated_features(address: str, args, layer_ids: list[int], final_norm: bool,
                             names: list[str], contract, seed: int | None = None,
                             min_completion: int = 3) -> list[dict]:

@@ -41,10 +41,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
-from train_drafter import (add_finetune_args, extractor, feature_taps, fit,  # noqa: E402
-                           make_batch, self_generated_features)
+from train_drafter import add_finetune_args, finetune_data, fit, make_batch  # noqa: E402
 
-from specwire_client import ExtractorClient  # noqa: E402
 
 
 class DSparkHeads(torch.nn.Module):
@@ -114,16 +112,7 @@ def main() -> None:
     mask_id = cfg.dflash_config["mask_token_id"]
     heads = DSparkHeads(cfg.vocab_size, cfg.hidden_size, args.markov_rank)
 
-    with extractor(args) as address:
-        with ExtractorClient(address, timeout=120) as client:
-            client.wait_ready(60)
-            contract = client.model_info()
-            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
-        embed = tensors["model.embed_tokens.weight"].float()
-        head = tensors["lm_head.weight"].float()
-        taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
-        train = self_generated_features(address, args, taps, final_norm, names, contract,
-                                        seed=args.seed + 11, min_completion=2)
+    contract, embed, head, train = finetune_data(args, layer_ids, seed=args.seed + 11)
     # Every slot drafts: slot i weighs exp(−i / γ).
     weights = torch.exp(-torch.arange(block, dtype=torch.float32) / args.gamma)
     params = [p for p in list(model.parameters()) + list(heads.parameters()) if p.requires_grad]
