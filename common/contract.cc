@@ -106,9 +106,8 @@ absl::StatusOr<CanaryFingerprint> CanaryFromJson(absl::string_view json_text) {
 std::string ContractToJson(const ExtractionContract& c, int indent) {
   json skipped = json::array();
   for (const auto& s : c.skipped) {
-    json e = {{"prefix", s.prefix}, {"count", s.count}, {"reason", s.reason}};
-    if (!s.names.empty()) e["names"] = s.names;
-    skipped.push_back(std::move(e));
+    skipped.push_back(
+        {{"prefix", s.prefix}, {"count", s.count}, {"reason", s.reason}, {"names", s.names}});
   }
   json j = {
       {"architecture", c.architecture},

@@ -14,6 +14,9 @@ class SkippedTensors:
     prefix: str
     count: int
     reason: str
+    # Every tensor's name for the group a drafter is made of ("mtp.": the checkpoint's own
+    # multi-token-prediction head, which GetTensors serves); empty for the others.
+    names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Contract:
     # ({"token_ids", "compute_dtype", "taps": [{"tap", "mean", "std", "rms", "sketch"}]});
     # specwire_client.audit.compare_fingerprints compares two.
     canary: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    # The checkpoint's config.json as the extractor read it ("" from older extractors).
+    config_json: str = dataclasses.field(default="", compare=False, hash=False)
 
     @classmethod
     def from_proto(cls, msg: Any) -> "Contract":
@@ -54,7 +59,8 @@ class Contract:
             weight_prefix=msg.weight_prefix,
             tensors_loaded=msg.tensors_loaded,
             tensors_skipped=msg.tensors_skipped,
-            skipped=tuple(SkippedTensors(s.prefix, s.count, s.reason) for s in msg.skipped),
+            skipped=tuple(SkippedTensors(s.prefix, s.count, s.reason, tuple(s.names))
+                          for s in msg.skipped),
             num_layers=msg.num_layers,
             hidden_size=msg.hidden_size,
             vocab_size=msg.vocab_size,
@@ -70,6 +76,7 @@ class Contract:
                     "compute_dtype": msg.canary.compute_dtype,
                     "taps": [{"tap": t.tap, "mean": t.mean, "std": t.std, "rms": t.rms,
                               "sketch": list(t.sketch)} for t in msg.canary.taps]},
+            config_json=msg.config_json,
         )
 
     def to_dict(self) -> dict[str, Any]:
