@@ -106,8 +106,11 @@ absl::StatusOr<CanaryFingerprint> CanaryFromJson(absl::string_view json_text) {
 std::string ContractToJson(const ExtractionContract& c, int indent) {
   json skipped = json::array();
   for (const auto& s : c.skipped) {
-    skipped.push_back(
-        {{"prefix", s.prefix}, {"count", s.count}, {"reason", s.reason}, {"names", s.names}});
+    skipped.push_back({{"prefix", s.prefix},
+                       {"count", s.count},
+                       {"reason", s.reason},
+                       {"names", s.names},
+                       {"digest", s.digest}});
   }
   json j = {
       {"architecture", c.architecture},
@@ -152,7 +155,8 @@ absl::StatusOr<ExtractionContract> ContractFromJson(absl::string_view json_text)
     for (const auto& s : j.at("skipped")) {
       c.skipped.push_back({s.at("prefix").get<std::string>(), s.at("count").get<int64_t>(),
                            s.at("reason").get<std::string>(),
-                           s.value("names", std::vector<std::string>{})});
+                           s.value("names", std::vector<std::string>{}),
+                           s.value("digest", std::string())});
     }
     c.num_layers = j.at("num_layers").get<int64_t>();
     c.hidden_size = j.at("hidden_size").get<int64_t>();

@@ -28,6 +28,7 @@ struct SkippedTensors {
   // Every tensor's name, for the group a client drafts with ("mtp.": the checkpoint's own
   // multi-token-prediction head, fetched by GetTensors); empty for the others.
   std::vector<std::string> names;
+  std::string digest;  // over the named tensors' names and bytes (as weights_digest); "" without
   bool operator==(const SkippedTensors&) const = default;
 };
 

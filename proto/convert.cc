@@ -53,6 +53,7 @@ void ContractToProto(const ExtractionContract& c, v1::ExtractionContract* out) {
     p->set_count(s.count);
     p->set_reason(s.reason);
     for (const std::string& n : s.names) p->add_names(n);
+    p->set_digest(s.digest);
   }
   out->set_num_layers(static_cast<int32_t>(c.num_layers));
   out->set_hidden_size(static_cast<int32_t>(c.hidden_size));
@@ -90,7 +91,8 @@ ExtractionContract ContractFromProto(const v1::ExtractionContract& p) {
   c.tensors_skipped = p.tensors_skipped();
   for (const auto& s : p.skipped()) {
     c.skipped.push_back({s.prefix(), s.count(), s.reason(),
-                         std::vector<std::string>(s.names().begin(), s.names().end())});
+                         std::vector<std::string>(s.names().begin(), s.names().end()),
+                         s.digest()});
   }
   c.num_layers = p.num_layers();
   c.hidden_size = p.hidden_size();

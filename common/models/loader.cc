@@ -367,6 +367,17 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
     c.tensors_loaded = static_cast<int64_t>(consumed.size());
     for (auto& [group, s] : skipped) {
       c.tensors_skipped += s.count;
+      if (!s.names.empty()) {  // the MTP head: its own digest, as weights_digest is computed
+        ContentDigest head;
+        for (const std::string& name : s.names) {
+          const TensorView* view = ckpt.Find(name);
+          head.UpdateField(name);
+          head.UpdateField(DTypeName(view->dtype));
+          head.UpdateField(ShapeString(view->shape));
+          head.Update(std::span<const std::byte>(view->data, view->nbytes));
+        }
+        s.digest = head.Hex();
+      }
       c.skipped.push_back(s);
     }
     c.weights_digest = digest.Hex();

@@ -336,6 +336,26 @@ TEST_F(LoaderTest, MtpAndRotaryBuffersAreSkipped) {
     EXPECT_FALSE(s.reason.empty()) << s.prefix;
   }
   EXPECT_EQ(counts, (std::map<std::string, int64_t>{{"mtp.", 2}, {"rotary_emb.inv_freq", 1}}));
+  // The MTP head is named and digested (a scorer fetches and caches it by that digest); the
+  // config comes with the contract.
+  for (const SkippedTensors& s : c.skipped) {
+    if (s.prefix == "mtp.") {
+      EXPECT_EQ(s.names, (std::vector<std::string>{"mtp.fc.weight", "mtp.norm.weight"}));
+      EXPECT_TRUE(s.digest.starts_with("xxh3-128:")) << s.digest;
+    } else {
+      EXPECT_TRUE(s.names.empty() && s.digest.empty()) << s.prefix;
+    }
+  }
+  EXPECT_NE(c.config_json.find("\"hidden_size\""), std::string::npos);
+  weights["mtp.norm.weight"] = at::full({16}, 2.0);  // another head on the same trunk
+  auto other = Load(Write("mtp2", config, weights));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->get()->contract.weights_digest, c.weights_digest);
+  for (size_t i = 0; i < c.skipped.size(); ++i) {
+    if (c.skipped[i].prefix == "mtp.") {
+      EXPECT_NE(other->get()->contract.skipped[i].digest, c.skipped[i].digest);
+    }
+  }
 }
 
 TEST_F(LoaderTest, VlmPackagedLayoutRunsTheTextPath) {

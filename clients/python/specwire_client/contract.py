@@ -17,6 +17,7 @@ class SkippedTensors:
     # Every tensor's name for the group a drafter is made of ("mtp.": the checkpoint's own
     # multi-token-prediction head, which GetTensors serves); empty for the others.
     names: tuple[str, ...] = ()
+    digest: str = ""  # over the named tensors (as weights_digest); "" for the others
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Contract:
             weight_prefix=msg.weight_prefix,
             tensors_loaded=msg.tensors_loaded,
             tensors_skipped=msg.tensors_skipped,
-            skipped=tuple(SkippedTensors(s.prefix, s.count, s.reason, tuple(s.names))
+            skipped=tuple(SkippedTensors(s.prefix, s.count, s.reason, tuple(s.names), s.digest)
                           for s in msg.skipped),
             num_layers=msg.num_layers,
             hidden_size=msg.hidden_size,

@@ -1067,7 +1067,6 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeHeadsFamilyDrafter(
   spec.format = std::move(format);
   spec.tree = std::move(tree);
   spec.block_size = (*heads)->block_size();
-  spec.predicts_acceptance = (*heads)->predicts_acceptance();
   return std::unique_ptr<Drafter>(new HeadsFamilyDrafter(*std::move(heads), std::move(spec)));
 }
 

@@ -223,8 +223,6 @@ class BackboneHeads {
   virtual int64_t Slots(int64_t len) const = 0;
   virtual int32_t block_size() const = 0;
   virtual bool conditions_on_drafts() const = 0;
-  // Whether Heads gives Block::confidence (DrafterSpec::predicts_acceptance).
-  virtual bool predicts_acceptance() const { return false; }
   // One block's drafting from the backbone's states of its Slots(len) slots [S, H] and the
   // anchor. Position k's previous token is given[k − 2] for k ≥ 2 while `given` lasts (−1: its
   // own), then the argmax of position k − 1; drafts, when not null, receives each position's

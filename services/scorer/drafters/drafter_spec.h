@@ -37,10 +37,6 @@ struct DrafterSpec {
   // hidden_states[L]) or the last layer's output before the norm (EAGLE-3's auxiliary states, as
   // vLLM and SGLang capture them).
   bool last_layer_is_final_norm = true;
-  // Whether the family predicts each draft's acceptance (DSpark's confidence head): jobs then
-  // report the prediction against the observed acceptance (AcceptanceSummary's
-  // predicted_acceptance).
-  bool predicts_acceptance = false;
   int32_t block_size = 0;  // the longest block: the anchor and block_size − 1 drafts
   int64_t num_layers = 0;          // the drafter's own layers
   int64_t hidden_size = 0;         // the drafter's own hidden size

@@ -73,7 +73,6 @@ class DSparkDrafter : public BackboneHeads {
   int64_t Slots(int64_t len) const override;
   int32_t block_size() const override;
   bool conditions_on_drafts() const override { return config_.markov_rank > 0; }
-  bool predicts_acceptance() const override { return config_.confidence_head; }
   Block Heads(const at::Tensor& slots, int64_t anchor, int64_t before_anchor,
               std::span<const int64_t> given,
               std::vector<int64_t>* drafts = nullptr) const override;

@@ -110,8 +110,8 @@ struct LiveResult {
 // What a job asks of each replay beside the drafter's chain: each tree budget's replay (`trees`,
 // resolved for the drafter by ResolveTrees), the teacher-forced acceptance at each sampling
 // setting (needs trajectory.final_norm), and, from a family that predicts its acceptance
-// (DrafterSpec::predicts_acceptance), its predictions with these adaptive verify cutoffs
-// (ResponseAcceptance::predicted).
+// (DSpark's confidence head), the adaptive verify length at these cutoffs beside its
+// predictions (ResponseAcceptance::predicted).
 struct ReplayAsks {
   TreeSettings trees;
   std::vector<SamplingSetting> sampling;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 
@@ -21,18 +22,23 @@ absl::StatusOr<std::string> TargetMtpDrafterDir(
   if (!options.target_checkpoint.empty()) return options.target_checkpoint;
   const std::string what = absl::StrCat("drafter_path \"", kTargetMtpDrafter, "\"");
   std::vector<std::string> names;
+  std::string digest;  // of the head's tensors: the trunk's weights_digest does not cover them
   for (const SkippedTensors& s : contract.skipped) {
-    if (s.prefix == "mtp.") names = s.names;
+    if (s.prefix == "mtp.") {
+      names = s.names;
+      digest = s.digest;
+    }
   }
   if (names.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the target the extractor serves (", contract.architecture,
         ") has no multi-token-prediction head: its contract names no mtp.* tensors"));
   }
-  if (contract.config_json.empty()) {
+  if (contract.config_json.empty() || digest.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the extractor does not send the target's config.json "
-              "(ExtractionContract.config_json: an extractor older than the scorer); give the "
+              "(ExtractionContract.config_json) or a digest of its head (an extractor older than "
+              "the scorer); give the "
               "scorer the checkpoint (--target_checkpoint) instead"));
   }
   std::error_code ec;
@@ -40,8 +46,10 @@ absl::StatusOr<std::string> TargetMtpDrafterDir(
       (options.cache_dir.empty() ? fs::temp_directory_path(ec) / "specwire-scorer"
                                  : fs::path(options.cache_dir)) /
       "target-mtp";
-  const fs::path dir = root / FileSafe(contract.weights_digest.empty() ? "unknown-weights"
-                                                                      : contract.weights_digest);
+  // Keyed by the head and the config it is built from: the same trunk with another head (or
+  // another config) gets a directory of its own.
+  const std::string config_digest = DigestBytes(std::as_bytes(std::span(contract.config_json)));
+  const fs::path dir = root / FileSafe(absl::StrCat(digest, "-", config_digest));
   if (fs::exists(dir / "config.json") && fs::exists(dir / "model.safetensors")) {
     return dir.string();
   }

@@ -19,9 +19,9 @@ inline constexpr const char* kTargetMtpDrafter = "mtp";
 
 // A directory the MTP family loads in its target format (config.json + the mtp.* tensors): the
 // local target checkpoint when the scorer has one (options.target_checkpoint), else
-// <cache_dir>/target-mtp/<weights digest>/ (a temporary directory without a cache), written once
-// from the contract's config_json and the extractor's GetTensors of the contract's "mtp." names
-// and reused by later jobs on the same weights. FAILED_PRECONDITION naming drafter_path when the
+// <cache_dir>/target-mtp/<head digest>-<config digest>/ (a temporary directory without a cache),
+// written once from the contract's config_json and the extractor's GetTensors of the contract's
+// "mtp." names and reused by later jobs on the same head. FAILED_PRECONDITION naming drafter_path when the
 // target has no MTP head or the extractor does not send its config; GetTensors' errors annotated.
 absl::StatusOr<std::string> TargetMtpDrafterDir(
     const TargetHeadOptions& options, ExtractorEndpoint& endpoint,

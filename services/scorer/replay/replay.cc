@@ -16,12 +16,11 @@ at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting&
 
 namespace {
 
-// One greedy loop over a trajectory, each step producing min(a, cut(c)) + 1 tokens; `record`
-// (when not null) receives each step's a and predicted acceptance. cut = −1: no cut.
-std::vector<int32_t> PredictedLoop(BlockDrafter* drafter, const std::vector<int64_t>& traj,
-                                   const at::Tensor& features, int64_t prompt_len,
-                                   int64_t max_length, double cutoff,
-                                   PredictedAcceptance* record) {
+// One greedy loop over a trajectory, each step producing min(a, L) + 1 tokens, L the leading
+// drafts whose predicted survival stays at or above `cutoff`.
+std::vector<int32_t> CutLoop(BlockDrafter* drafter, const std::vector<int64_t>& traj,
+                             const at::Tensor& features, int64_t prompt_len, int64_t max_length,
+                             double cutoff) {
   const int64_t T = static_cast<int64_t>(traj.size());
   const int64_t B = drafter->block_size();
   std::unique_ptr<DraftSession> session = drafter->NewSession(T + B + 1);
@@ -33,19 +32,13 @@ std::vector<int32_t> PredictedLoop(BlockDrafter* drafter, const std::vector<int6
     for (int64_t k = 1; k < len && start + k < T; ++k) truth[k - 1] = traj[start + k];
     int64_t a = session->AcceptedDrafts(traj[start], start, len, truth);
     const at::Tensor c = session->PredictedAcceptance();
-    if (!c.defined()) return {};
+    TORCH_CHECK(c.defined(), "adaptive verify length: the drafter predicts no acceptance");
     const at::Tensor cpu = c.to(at::kCPU, at::kFloat).contiguous();
     const float* p = cpu.data_ptr<float>();
-    if (record != nullptr) {
-      record->accepted.push_back(static_cast<int32_t>(a));
-      record->predicted.emplace_back(p, p + cpu.numel());
-    }
-    if (cutoff >= 0) {
-      int64_t verify = 0;
-      double survival = 1.0;
-      while (verify < cpu.numel() && (survival *= p[verify]) >= cutoff) ++verify;
-      a = std::min(a, verify);
-    }
+    int64_t verify = 0;
+    double survival = 1.0;
+    while (verify < cpu.numel() && (survival *= p[verify]) >= cutoff) ++verify;
+    a = std::min(a, verify);
     const int64_t produced = std::min<int64_t>(a + 1, T - 1 - start);
     steps.push_back(static_cast<int32_t>(produced));
     session->AppendContext(features.narrow(0, start, produced), NextTokens(traj, start, produced));
@@ -56,21 +49,18 @@ std::vector<int32_t> PredictedLoop(BlockDrafter* drafter, const std::vector<int6
 
 }  // namespace
 
-PredictedAcceptance ReplayPredictedAcceptance(BlockDrafter* drafter,
-                                              const std::vector<int64_t>& traj,
-                                              const at::Tensor& features, int64_t prompt_len,
-                                              int64_t max_length,
-                                              const std::vector<double>& cutoffs) {
-  PredictedAcceptance out;
+std::map<double, std::vector<int32_t>> CutoffStepLengths(BlockDrafter* drafter,
+                                                         const std::vector<int64_t>& traj,
+                                                         const at::Tensor& features,
+                                                         int64_t prompt_len, int64_t max_length,
+                                                         const std::vector<double>& cutoffs) {
   const int64_t T = static_cast<int64_t>(traj.size());
   if (max_length <= 0) max_length = T;
   TORCH_CHECK(prompt_len >= 1 && prompt_len <= T, "prompt length ", prompt_len, " outside [1, ",
               T, "]");
-  PredictedLoop(drafter, traj, features, prompt_len, max_length, -1, &out);
-  if (out.predicted.empty()) return out;
+  std::map<double, std::vector<int32_t>> out;
   for (double cutoff : cutoffs) {
-    out.cut_step_lengths[cutoff] =
-        PredictedLoop(drafter, traj, features, prompt_len, max_length, cutoff, nullptr);
+    out[cutoff] = CutLoop(drafter, traj, features, prompt_len, max_length, cutoff);
   }
   return out;
 }
@@ -152,7 +142,7 @@ std::vector<SampledAcceptance> TeacherForcedAcceptance(
 
 std::vector<std::vector<int32_t>> AcceptanceReplay::RunLoops(
     const std::vector<ReplayInput>& inputs, const std::vector<int64_t>& max_lengths,
-    int32_t ddtree_budget, bool full_logits) {
+    int32_t ddtree_budget, bool full_logits, std::vector<PredictedAcceptance>* predicted) {
   const int64_t R = static_cast<int64_t>(inputs.size());
   const int64_t B = drafter_->block_size();
   std::vector<std::vector<int32_t>> lengths(R);
@@ -222,6 +212,14 @@ std::vector<std::vector<int32_t>> AcceptanceReplay::RunLoops(
       }
       for (size_t g = 0; g < group.size(); ++g) {
         const int64_t r = group[g];
+        if (predicted != nullptr) {
+          if (const at::Tensor c = ss[g]->PredictedAcceptance(); c.defined()) {
+            const at::Tensor cpu = c.to(at::kCPU, at::kFloat).contiguous();
+            (*predicted)[r].accepted.push_back(static_cast<int32_t>(accepted[g]));
+            (*predicted)[r].predicted.emplace_back(cpu.data_ptr<float>(),
+                                                   cpu.data_ptr<float>() + cpu.numel());
+          }
+        }
         const int64_t T = static_cast<int64_t>(inputs[r].trajectory->size());
         const int64_t produced = std::min(accepted[g] + 1, T - 1 - start[r]);
         lengths[r].push_back(static_cast<int32_t>(produced));
@@ -274,8 +272,14 @@ std::vector<ResponseAcceptance> AcceptanceReplay::RunBatch(const std::vector<Rep
     const size_t last = std::min(inputs.size(), first + batch);
     std::vector<ReplayInput> part(inputs.begin() + first, inputs.begin() + last);
     std::vector<int64_t> part_max(max_lengths.begin() + first, max_lengths.begin() + last);
-    auto dflash = RunLoops(part, part_max, 0, options.full_logits);
-    for (size_t i = first; i < last; ++i) results[i].step_lengths = std::move(dflash[i - first]);
+    std::vector<PredictedAcceptance> predicted(part.size());
+    auto dflash = RunLoops(part, part_max, 0, options.full_logits, &predicted);
+    for (size_t i = first; i < last; ++i) {
+      results[i].step_lengths = std::move(dflash[i - first]);
+      if (!predicted[i - first].predicted.empty()) {
+        results[i].predicted = std::move(predicted[i - first]);
+      }
+    }
     for (int32_t b : budgets) {
       auto tree = RunLoops(part, part_max, b, false);
       for (size_t i = first; i < last; ++i) {

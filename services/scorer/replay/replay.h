@@ -68,28 +68,32 @@ class AcceptanceReplay {
   ResponseAcceptance Run(const std::vector<int64_t>& trajectory, const at::Tensor& features,
                          int64_t prompt_len, const ReplayOptions& options);
   // Several responses, replayed in lockstep batches of options.max_batch: each response's steps
-  // are exactly those of Run; only the matrix products are shared.
+  // are exactly those of Run; only the matrix products are shared. A family that predicts its
+  // acceptance (sessions whose PredictedAcceptance is defined: DSpark's confidence head) gets
+  // each chain step's record in ResponseAcceptance::predicted (no cutoffs: CutoffStepLengths).
   std::vector<ResponseAcceptance> RunBatch(const std::vector<ReplayInput>& inputs,
                                            const ReplayOptions& options);
 
  private:
-  // Step lengths of each input under DFlash (budget 0) or DDTree-budget acceptance.
+  // Step lengths of each input under DFlash (budget 0) or DDTree-budget acceptance; with
+  // `predicted`, each step's accepted drafts and the sessions' predictions (left empty for a
+  // family that predicts nothing).
   std::vector<std::vector<int32_t>> RunLoops(const std::vector<ReplayInput>& inputs,
                                              const std::vector<int64_t>& max_lengths,
-                                             int32_t ddtree_budget, bool full_logits);
+                                             int32_t ddtree_budget, bool full_logits,
+                                             std::vector<PredictedAcceptance>* predicted = nullptr);
 
   BlockDrafter* drafter_;  // not owned
 };
 
-// A family's own acceptance prediction (BlockDrafter sessions whose PredictedAcceptance is
-// defined: DSpark's confidence head) replayed beside the greedy chain, with each cutoff's
-// adaptive verify length (acceptance.h's PredictedAcceptance says what they mean).
-// Empty `predicted` when the family predicts nothing. Throws c10::Error like Run.
-PredictedAcceptance ReplayPredictedAcceptance(BlockDrafter* drafter,
-                                              const std::vector<int64_t>& trajectory,
-                                              const at::Tensor& features, int64_t prompt_len,
-                                              int64_t max_length,
-                                              const std::vector<double>& cutoffs);
+// The step lengths of each cutoff's adaptive verify length (acceptance.h's
+// PredictedAcceptance), from a family that predicts its acceptance: one greedy loop per cutoff.
+// Throws c10::Error like Run, and when the family predicts nothing.
+std::map<double, std::vector<int32_t>> CutoffStepLengths(BlockDrafter* drafter,
+                                                         const std::vector<int64_t>& trajectory,
+                                                         const at::Tensor& features,
+                                                         int64_t prompt_len, int64_t max_length,
+                                                         const std::vector<double>& cutoffs);
 
 // SamplingDistribution (common/models/speculative_sampling.h) at a job's setting.
 at::Tensor SamplingDistribution(const at::Tensor& logits, const SamplingSetting& setting);

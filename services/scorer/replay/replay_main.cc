@@ -345,18 +345,18 @@ absl::StatusOr<json> RunLive(Models& m, const std::vector<std::vector<int64_t>>&
               {"seconds", seconds}};
 }
 
-// The family's own acceptance prediction beside the replay (DSpark's confidence head), nullopt
-// when it has none: the summary's calibration table and cutoffs (acceptance.h), each cutoff's
-// step lengths, and every block's record (accepted drafts, predictions) for checks made
-// elsewhere.
+// The family's own acceptance prediction beside the replay (DSpark's confidence head, which the
+// chain's replay `results` recorded), nullopt when it has none: the summary's calibration table
+// and cutoffs (acceptance.h), each cutoff's step lengths, and every block's record (accepted
+// drafts, predictions) for checks made elsewhere.
 absl::StatusOr<std::optional<json>> PredictedAcceptanceJson(
     Drafter& drafter, const std::vector<std::vector<int64_t>>& trajectories,
     const std::vector<at::Tensor>& features, const std::vector<std::vector<int64_t>>& prompts,
-    int64_t max_new_tokens, int64_t block, const BootstrapOptions& bootstrap) {
+    std::vector<ResponseAcceptance>& results, int64_t max_new_tokens, int64_t block) {
+  if (results.empty() || !results.front().predicted) return std::optional<json>();
   SW_ASSIGN_OR_RETURN(const std::vector<double> cutoffs,
                       ParseSurvivalCutoffs(absl::GetFlag(FLAGS_dspark_cutoff), "--dspark_cutoff"));
-  std::vector<PredictedAcceptance> runs;
-  SW_RETURN_IF_ERROR(RunGuarded("predicted acceptance", [&]() -> absl::Status {
+  SW_RETURN_IF_ERROR(RunGuarded("adaptive verify length", [&]() -> absl::Status {
     std::unique_ptr<BlockDrafter> chain = drafter.Chain();
     if (!chain) return absl::InternalError("the family made no drafter");
     if (chain->block_size() != block) {
@@ -364,28 +364,28 @@ absl::StatusOr<std::optional<json>> PredictedAcceptanceJson(
     }
     for (size_t i = 0; i < trajectories.size(); ++i) {
       const int64_t P = static_cast<int64_t>(prompts[i].size());
-      runs.push_back(ReplayPredictedAcceptance(chain.get(), trajectories[i], features[i], P,
-                                               P + max_new_tokens, cutoffs));
-      if (runs.back().predicted.empty()) return absl::OkStatus();
+      if (!results[i].predicted) return absl::InternalError("a response without predictions");
+      results[i].predicted->cut_step_lengths = CutoffStepLengths(
+          chain.get(), trajectories[i], features[i], P, P + max_new_tokens, cutoffs);
     }
     return absl::OkStatus();
   }));
-  if (runs.empty() || runs.back().predicted.empty()) return std::optional<json>();
   std::vector<const PredictedAcceptance*> all;
   json blocks = json::array();
-  for (const PredictedAcceptance& r : runs) {
-    all.push_back(&r);
+  for (const ResponseAcceptance& r : results) {
+    const PredictedAcceptance& p = *r.predicted;
+    all.push_back(&p);
     json per = json::array();
-    for (size_t s = 0; s < r.accepted.size(); ++s) {
-      per.push_back({{"accepted", r.accepted[s]}, {"predicted", r.predicted[s]}});
+    for (size_t s = 0; s < p.accepted.size(); ++s) {
+      per.push_back({{"accepted", p.accepted[s]}, {"predicted", p.predicted[s]}});
     }
     blocks.push_back(std::move(per));
   }
-  json out = PredictedAcceptanceJson(*SummarizePredicted(all, bootstrap));
+  json out = PredictedAcceptanceJson(*SummarizePredicted(all, SummaryOptions().bootstrap));
   for (json& c : out["cutoffs"]) {
     json steps = json::array();
-    for (const PredictedAcceptance& r : runs) {
-      steps.push_back(r.cut_step_lengths.at(c["cutoff"].get<double>()));
+    for (const PredictedAcceptance* p : all) {
+      steps.push_back(p->cut_step_lengths.at(c["cutoff"].get<double>()));
     }
     c["step_lengths"] = std::move(steps);
   }
@@ -592,7 +592,7 @@ absl::Status RunReplay() {
   if (!tree) {
     SW_ASSIGN_OR_RETURN(std::optional<json> predicted,
                         PredictedAcceptanceJson(*m.drafter, trajectories, features, prompts,
-                                                max_new_tokens, block, SummaryOptions().bootstrap));
+                                                results, max_new_tokens, block));
     if (predicted) out["predicted_acceptance"] = std::move(*predicted);
   }
   out["responses"] = responses;

@@ -145,13 +145,14 @@ class TorchScorerBackend : public ScorerBackend {
                                                  t.max_length, out[b].step_lengths, normed,
                                                  head_lm_, sampling);
       }
-      // The family's own acceptance prediction beside its chain (DSpark's confidence head).
-      for (size_t b = 0; b < batch.size() && drafter_->spec().predicts_acceptance; ++b) {
+      // The chain's replay recorded the family's own acceptance prediction (DSpark's
+      // confidence head); each cutoff's adaptive verify length is a loop of its own.
+      for (size_t b = 0; b < batch.size() && !asks.predicted_cutoffs.empty(); ++b) {
+        if (!out[b].predicted) continue;
         const Trajectory& t = *batch[b];
-        PredictedAcceptance p = ReplayPredictedAcceptance(block.get(), t.tokens, features[b],
-                                                          t.prompt_len, t.max_length,
-                                                          asks.predicted_cutoffs);
-        if (!p.predicted.empty()) out[b].predicted = std::move(p);
+        out[b].predicted->cut_step_lengths =
+            CutoffStepLengths(block.get(), t.tokens, features[b], t.prompt_len, t.max_length,
+                              asks.predicted_cutoffs);
       }
       return absl::OkStatus();
     }));
