@@ -142,7 +142,8 @@ def test_service_reports_the_same(reports):
     pa, pb = a["summary"]["predicted_acceptance"], b["summary"]["predicted_acceptance"]
     assert [r["blocks"] for r in pa["calibration"]] == [r["blocks"] for r in pb["calibration"]]
     for x, y in zip(pa["calibration"], pb["calibration"]):
-        assert y["predicted"] == pytest.approx(x["predicted"], rel=1e-9)
+        # The predictions come from the batched chain replay: fp32 rounding of another batch.
+        assert y["predicted"] == pytest.approx(x["predicted"], rel=1e-6)
         assert y["observed"] == x["observed"]
     for x, y in zip(pa["cutoffs"], pb["cutoffs"]):
         assert (x["cutoff"], x["steps"]) == (y["cutoff"], y["steps"])
@@ -154,7 +155,7 @@ def test_service_reports_the_same(reports):
         assert p["predicted_acceptance"]["accepted"] == mine["accepted"]
         assert p["predicted_acceptance"]["cutoffs"] == mine["cutoffs"]
         for u, v in zip(p["predicted_acceptance"]["predicted"], mine["predicted"]):
-            assert u == pytest.approx(v, rel=1e-7)
+            assert u == pytest.approx(v, rel=1e-6)  # fp32, another batch
 
 
 def test_bad_cutoffs_are_refused_by_name(servers, tmp_path):
