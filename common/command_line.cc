@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -30,6 +31,10 @@ std::vector<std::string> ParseCommandLineFlags(int argc, char** argv, absl::stri
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   return std::vector<std::string>(positional.begin() + (positional.empty() ? 0 : 1),
                                   positional.end());
+}
+
+bool FlagGivenOnCommandLine(absl::string_view name) {
+  return absl::flags_internal::WasPresentOnCommandLine(name);
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::string_view flag) {

@@ -24,6 +24,10 @@ namespace specwire {
 // flag errors. Returns the positional arguments, argv[0] excluded ("--" ends the flags).
 std::vector<std::string> ParseCommandLineFlags(int argc, char** argv, absl::string_view usage);
 
+// Whether --<name> was on the command line ParseCommandLineFlags parsed (a value equal to the
+// default counts as given).
+bool FlagGivenOnCommandLine(absl::string_view name);
+
 // A flag's comma-separated integers ("1, 2,3"; empty parts skipped). INVALID_ARGUMENT
 // "--<flag>: "x" is not an integer".
 absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, absl::string_view flag);

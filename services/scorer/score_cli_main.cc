@@ -3,6 +3,8 @@
 //   specwire-score --scorer ADDR    --drafter DIR (--dataset F | --prompts_file F | --tokens ..)
 //   specwire-score --extractor ADDR --drafter DIR ...          (in-process: no scorer needed)
 //   specwire-score --extractor ADDR --watch_dir DIR --eval_sets ...   (continuous evaluation)
+//   specwire-score --reconcile SERVED --drafter DIR --target_checkpoint DIR [-- OPTIONS]
+//                                                     (served acceptance against the canonical)
 //
 // Through a scorer, the drafter and a --dataset are paths on the scorer's host; in-process they
 // are local and the drafter runs here, against the extractor(s) directly. Either way the same
@@ -20,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +49,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/specwire/v1/scorer.grpc.pb.h"
 #include "services/scorer/report/compare.h"
+#include "services/scorer/report/reconcile_command.h"
 #include "services/scorer/eval/eval_flags.h"
 #include "services/scorer/report/report.h"
 #include "services/scorer/runner_flags.h"
@@ -136,6 +140,16 @@ ABSL_FLAG(std::string, compare, "",
           "trajectories; A and B are report JSON files (--json_out of earlier runs) or drafter "
           "directories (scored here with the job flags). Writes the comparison to --json_out / "
           "--html_out.");
+// Served against canonical.
+ABSL_FLAG(std::string, reconcile, "",
+          "--reconcile DIR: a serving engine's acceptance on a set of prompts (DIR: the record "
+          "specwire_client.served.drive_openai writes: vLLM's counters before and after, its "
+          "per-request metrics, SGLang's meta_info, the settings and prompts) against specwire's "
+          "on the same prompts and sampling (the greedy replay of --target_checkpoint; with "
+          "--extractor, the live loop at the served temperature), per position with intervals, "
+          "paired where requests pair, and the known cause that fits when they differ. Runs "
+          "specwire_client.reconcile (its options after \"--\": --drive URL --served_model M, "
+          "--metrics_after F, --diagnose always, --features F, ...); exit 1 when they differ.");
 // Through a scorer.
 ABSL_FLAG(int, scorer_attempts, 5,
           "--scorer: submissions of the job at most when the scorer goes away (UNAVAILABLE); "
@@ -641,10 +655,51 @@ absl::Status RunCompare(const std::vector<std::string>& args, const ScorerConnec
   return absl::OkStatus();
 }
 
+// --reconcile: this command becomes specwire_client.reconcile's (reconcile_command.h).
+template <typename T>
+std::optional<T> IfGiven(const absl::Flag<T>& flag) {
+  if (!FlagGivenOnCommandLine(absl::GetFlagReflectionHandle(flag).Name())) return std::nullopt;
+  return absl::GetFlag(flag);
+}
+
+absl::Status RunReconcile(const std::vector<std::string>& args, const ScorerConnection& scorer,
+                          const ExtractorConnection& extractors) {
+  if (!scorer.address.empty()) {
+    return absl::InvalidArgumentError(
+        "--reconcile runs here (the target replayed in process): drop --scorer");
+  }
+  ReconcileRequest r;
+  r.served_dir = absl::GetFlag(FLAGS_reconcile);
+  r.drafter = absl::GetFlag(FLAGS_drafter);
+  SW_ASSIGN_OR_RETURN(ScoreRunnerOptions runner, RunnerOptionsFromFlags());
+  r.target = runner.head.target_checkpoint;
+  r.extractor = extractors.address;
+  r.prompts_file = absl::GetFlag(FLAGS_prompts_file);
+  r.max_tokens = IfGiven(FLAGS_max_new_tokens);
+  r.bootstrap_resamples = IfGiven(FLAGS_bootstrap_resamples);
+  r.bootstrap_seed = IfGiven(FLAGS_bootstrap_seed);
+  r.json_out = absl::GetFlag(FLAGS_json_out);
+  r.html_out = absl::GetFlag(FLAGS_html_out);
+  r.passthrough = args;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    r.score_binary = self.string();
+    const std::filesystem::path replay = self.parent_path() / "specwire-replay";
+    if (std::filesystem::exists(replay, ec)) r.replay_binary = replay.string();
+  }
+  SW_ASSIGN_OR_RETURN(std::vector<std::string> arguments, ReconcileArguments(r));
+  SW_ASSIGN_OR_RETURN(std::string python,
+                      FindReconcilePython(ReconcilePythonCandidates(
+                          r.score_binary, std::getenv("SPECWIRE_PYTHON"), std::getenv("PATH"))));
+  return ExecReconcile(python, arguments);
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   SW_ASSIGN_OR_RETURN(ContinuousEvalOptions eval, ContinuousEvalOptionsFromFlags());
   SW_ASSIGN_OR_RETURN(ScorerConnection scorer, ScorerConnectionFromFlags());
   SW_ASSIGN_OR_RETURN(ExtractorConnection extractors, ExtractorConnectionFromFlags({}));
+  if (!absl::GetFlag(FLAGS_reconcile).empty()) return RunReconcile(args, scorer, extractors);
   if (!absl::GetFlag(FLAGS_compare).empty()) return RunCompare(args, scorer, extractors);
   if (!args.empty()) return absl::InvalidArgumentError("unexpected argument " + args[0]);
   if (!eval.watch.dir.empty()) return RunWatch(std::move(eval), extractors);
@@ -678,9 +733,11 @@ int main(int argc, char** argv) {
       "--prompts_file F | --tokens IDS | --text T) [flags]\n"
       "specwire-score --extractor ADDR --watch_dir DIR --eval_sets SETS [flags]\n"
       "specwire-score --compare A B [--extractor ADDR | --scorer ADDR] [flags]\n"
-      "Scores a drafter (DFlash, DFlash2, EAGLE-3: τ, per-position acceptance, tree τ per node "
-      "budget) and writes JSON / HTML "
-      "reports; with --watch_dir, every checkpoint appearing in DIR.");
+      "specwire-score --reconcile SERVED --drafter DIR --target_checkpoint DIR [flags] "
+      "[-- reconcile options]\n"
+      "Scores a drafter (any family specwire reads: τ, per-position acceptance, tree τ per node "
+      "budget) and writes JSON / HTML reports; with --watch_dir, every checkpoint appearing in "
+      "DIR; with --reconcile, a serving engine's acceptance against specwire's.");
   absl::Status s = specwire::Run(args);
   if (!s.ok()) {
     std::cerr << "specwire-score: " << s.ToString() << std::endl;

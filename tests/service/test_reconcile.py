@@ -414,6 +414,82 @@ def test_cli_drive_mode(tmp_path, stand_in):
     assert p.returncode == 2 and "--drive needs --prompts" in p.stderr
 
 
+def score_bin() -> Path:
+    exe = build_dir() / "services" / "scorer" / "specwire-score"
+    if not exe.exists():
+        pytest.fail(f"{exe} not built", pytrace=False)
+    return exe
+
+
+def test_specwire_score_reconcile(tmp_path, stand_in):
+    """specwire-score --reconcile DIR is the Python CLI's reconciliation: the same JSON on the
+    recorded engine (found through the checkout's virtualenv), the broken setup named (exit 1),
+    the drive mode through "--", and bad input refused naming the flag."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "SPECWIRE_PYTHON"}
+    ours, theirs = tmp_path / "ours.json", tmp_path / "theirs.json"
+    p = subprocess.run([str(score_bin()), "--reconcile", str(RECORDED / "t0"),
+                        "--drafter", str(DRAFTER), "--target_checkpoint", str(TARGET),
+                        "--bootstrap_resamples", "100", "--json_out", str(ours),
+                        "--html_out", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "verdict: identical" in p.stdout and "24 of 24" in p.stdout
+    q = subprocess.run([sys.executable, "-m", "specwire_client.reconcile", "--served",
+                        str(RECORDED / "t0"), "--drafter", str(DRAFTER), "--target", str(TARGET),
+                        "--replay", str(replay_bin()), "--bootstrap_resamples", "100",
+                        "--json", str(theirs)], capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr
+    assert p.stdout == q.stdout
+    a, b = json.loads(ours.read_text()), json.loads(theirs.read_text())
+    for j in (a, b):
+        j["settings"].pop("provenance")
+    assert a == b
+    assert "Served vs canonical" in (tmp_path / "r.html").read_text()
+    env["SPECWIRE_PYTHON"] = sys.executable
+    # One aux layer id off by one on the served side: named, and the exit status says "differ".
+    p = subprocess.run([str(score_bin()), "--reconcile", str(RECORDED / "t0-aux"),
+                        "--drafter", str(DRAFTER), "--target_checkpoint", str(TARGET),
+                        "--bootstrap_resamples", "50"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 1, p.stderr + p.stdout
+    assert "layer id 4 -> 3: reproduces the served acceptance step for step" in p.stdout
+    # The engine driven first, its options after "--".
+    url, state = stand_in
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(recorded_prompts("t0")))
+    p = subprocess.run([str(score_bin()), "--reconcile", str(tmp_path / "run"),
+                        "--drafter", str(DRAFTER), "--target_checkpoint", str(TARGET),
+                        "--prompts_file", str(prompts), "--max_new_tokens", "48",
+                        "--bootstrap_resamples", "0", "--", "--drive", url,
+                        "--served_model", "models/tiny-qwen3"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "verdict: identical" in p.stdout and state["served"] == 24
+    assert (tmp_path / "run" / "metrics_after.prom").is_file()
+    # Bad input.
+    base = [str(score_bin()), "--drafter", str(DRAFTER), "--target_checkpoint", str(TARGET)]
+    for extra, code, message in [
+            (["--reconcile", str(tmp_path / "absent")], 2, "absent\": not a directory"),
+            (["--reconcile", str(RECORDED / "t0"), "--", "--json", "x"], 2,
+             "given by specwire-score's --json_out"),
+            (["--reconcile", str(RECORDED / "t0"), "--scorer", "127.0.0.1:1"], 2,
+             "drop --scorer"),
+            (["--reconcile", str(tmp_path), "--prompts_file", str(prompts)], 2,
+             "--max_tokens (or settings.json in --served) is required")]:
+        p = subprocess.run(base + extra, capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == code and message in p.stderr, (extra, p.returncode, p.stderr)
+    p = subprocess.run([str(score_bin()), "--reconcile", str(RECORDED / "t0"), "--drafter",
+                        str(DRAFTER)], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "needs --target_checkpoint" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--reconcile", str(RECORDED / "t0")], capture_output=True,
+                       text=True, timeout=60, env=dict(env, SPECWIRE_PYTHON="/bin/false"))
+    assert p.returncode == 1 and "tried: /bin/false" in p.stderr, p.stderr
+    assert "FAILED_PRECONDITION" in p.stderr
+
+
 def test_replay_last_layer_state_flag(tmp_path):
     """specwire-replay --last_layer_state scores a drafter as another stack feeds it; a bad value
     is refused naming the flag."""

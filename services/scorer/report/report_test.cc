@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
 #include "nlohmann/json.hpp"
+#include "services/scorer/report/reconcile_command.h"
 #include "services/scorer/job/scorer_test_fakes.h"
 
 namespace specwire {
@@ -233,6 +238,105 @@ TEST(ReportJson, AResponseWithoutStepsAndUnreachedPositions) {
   EXPECT_NE(html.find("no data"), std::string::npos);
   // Every τ line of the table names its settings.
   EXPECT_NE(table.find("settings: max_new_tokens 10, block size 4"), std::string::npos) << table;
+}
+
+// specwire-score --reconcile: the flags onto the reconciliation's options.
+TEST(ReconcileCommand, MapsTheFlagsAndPassesTheRestAsIs) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "sw-reconcile-map";
+  std::filesystem::create_directories(dir);
+  ReconcileRequest r;
+  r.served_dir = dir.string();
+  r.drafter = "d";
+  r.target = "t";
+  auto got = ReconcileArguments(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"--served", dir.string(), "--drafter", "d",
+                                             "--target", "t"}));
+  r.extractor = "127.0.0.1:1";
+  r.prompts_file = "p.json";
+  r.max_tokens = 48;
+  r.bootstrap_resamples = 0;
+  r.bootstrap_seed = 7;
+  r.json_out = "r.json";
+  r.html_out = "r.html";
+  r.score_binary = "/b/specwire-score";
+  r.replay_binary = "/b/specwire-replay";
+  r.passthrough = {"--diagnose", "always", "--metrics_after=a.prom"};
+  got = ReconcileArguments(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{
+                      "--served", dir.string(), "--drafter", "d", "--target", "t",
+                      "--extractor", "127.0.0.1:1", "--prompts", "p.json", "--max_tokens", "48",
+                      "--bootstrap_resamples", "0", "--seed", "7", "--json", "r.json", "--html",
+                      "r.html", "--score", "/b/specwire-score", "--replay", "/b/specwire-replay",
+                      "--diagnose", "always", "--metrics_after=a.prom"}));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ReconcileCommand, RefusesNamingTheFlag) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "sw-reconcile-bad";
+  std::filesystem::create_directories(dir);
+  ReconcileRequest ok;
+  ok.served_dir = dir.string();
+  ok.drafter = "d";
+  ok.target = "t";
+  struct Case {
+    std::function<void(ReconcileRequest&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](ReconcileRequest& r) { r.drafter.clear(); }, "--reconcile needs --drafter"},
+      {[](ReconcileRequest& r) { r.target.clear(); }, "--reconcile needs --target_checkpoint"},
+      {[](ReconcileRequest& r) { r.served_dir += "/missing"; }, "/missing\": not a directory"},
+      {[](ReconcileRequest& r) { r.passthrough = {"--json=x"}; },
+       "--json after \"--\" is given by specwire-score's --json_out"},
+      {[](ReconcileRequest& r) { r.passthrough = {"--target", "x"}; },
+       "--target after \"--\" is given by specwire-score's --target_checkpoint"},
+      {[](ReconcileRequest& r) { r.passthrough = {"--served", "x"}; }, "--reconcile"},
+  };
+  for (const Case& c : cases) {
+    ReconcileRequest r = ok;
+    c.change(r);
+    const auto got = ReconcileArguments(r);
+    ASSERT_FALSE(got.ok()) << c.message;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(c.message), std::string::npos) << got.status();
+  }
+  // --drive records into the directory: it need not exist yet.
+  ReconcileRequest drive = ok;
+  drive.served_dir = (dir / "new").string();
+  drive.passthrough = {"--drive", "http://127.0.0.1:1", "--served_model", "m"};
+  EXPECT_TRUE(ReconcileArguments(drive).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ReconcileCommand, PythonCandidatesAndTheirRefusal) {
+  // $SPECWIRE_PYTHON alone when set.
+  EXPECT_EQ(ReconcilePythonCandidates("/x/build/services/scorer/specwire-score", "/opt/py",
+                                      "/usr/bin"),
+            std::vector<std::string>{"/opt/py"});
+  // Else the checkout's virtualenv above the binary, then PATH.
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / "sw-reconcile-py";
+  std::filesystem::create_directories(root / ".venv" / "bin");
+  std::filesystem::create_directories(root / "build" / "services" / "scorer");
+  std::filesystem::create_directories(root / "path");
+  for (const auto& p : {root / ".venv" / "bin" / "python", root / "path" / "python3"}) {
+    std::ofstream(p) << "#!/bin/sh\nexit 1\n";
+    std::filesystem::permissions(p, std::filesystem::perms::owner_all);
+  }
+  const std::vector<std::string> got = ReconcilePythonCandidates(
+      (root / "build" / "services" / "scorer" / "specwire-score").string(), nullptr,
+      (root / "path").c_str());
+  EXPECT_EQ(got, (std::vector<std::string>{(root / ".venv" / "bin" / "python").string(),
+                                           (root / "path" / "python3").string()}));
+  // Neither imports the client (both exit 1): refused naming both and the way out.
+  const auto found = FindReconcilePython(got);
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(found.status().message().find(got[0] + ", " + got[1]), std::string::npos);
+  EXPECT_NE(found.status().message().find("SPECWIRE_PYTHON"), std::string::npos);
+  EXPECT_FALSE(FindReconcilePython({(root / "absent").string()}).ok());
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
