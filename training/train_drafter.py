@@ -324,6 +324,43 @@ def save_drafter(drafter: DFlashDraftModel, out: Path, log: dict) -> None:
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
 
+def save_on_dflash_backbone(model: DFlashDraftModel, heads: dict, out: Path, architecture: str,
+                            dflash_config: dict, log: dict) -> None:
+    """A family on the DFlash backbone in SpecForge's layout: the backbone's save_pretrained and
+    the family's head tensors `heads` (name -> tensor) in one model.safetensors, all bfloat16;
+    config.json's architectures [architecture], `dflash_config` merged into its dflash_config,
+    rope_theta and rope_scaling at the top level (z-lab's published layout); train_log.json."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval().to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    for name, p in heads.items():
+        tensors[name] = p.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, str(path))
+    os.chmod(path, 0o644)
+    cpath = out / "config.json"
+    c = json.loads(cpath.read_text())
+    c["architectures"] = [architecture]
+    c["dflash_config"] = dict(c["dflash_config"], **dflash_config)
+    rope = c.pop("rope_parameters", None) or {}
+    c["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 1_000_000.0))
+    c["rope_scaling"] = None
+    cpath.write_text(json.dumps(c, indent=2) + "\n")
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+
+
+def finetune_log(args, params: list, curve: list[dict], train: list[dict],
+                 t_start: float) -> dict:
+    """train_log.json of a fine-tuning run (add_finetune_args)."""
+    return {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "parameters": sum(p.numel() for p in params), "train_sequences": len(train),
+            "train_s": curve[-1]["wall_s"] if curve else 0.0,
+            "wall_s": round(time.time() - t_start, 1), "loss_curve": curve,
+            "corpus": corpus.manifest()}
+
+
 def add_loop_args(ap, steps: int) -> None:
     """The flags of a single-sequence training loop (fit_one_sequence_at_a_time) and of its
     self-generated data."""

@@ -26,7 +26,6 @@ earlier draft was accepted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,11 +36,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from dflash.model import DFlashDraftModel  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-from train_drafter import add_finetune_args, finetune_data, fit, make_batch  # noqa: E402
+from train_drafter import (add_finetune_args, finetune_data, finetune_log, fit,  # noqa: E402
+                           make_batch, save_on_dflash_backbone)
 
 
 
@@ -130,32 +128,14 @@ def main() -> None:
 
     curve = fit(params, step_loss, args, args.seed)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.eval().to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
-    path = args.out / "model.safetensors"
-    out = load_file(str(path))
-    for name, p in heads.state_dict().items():
-        key = f"markov_head.{name}" if name.startswith("markov_") else f"confidence_head.{name}"
-        out[key] = p.detach().to(torch.bfloat16).contiguous()
-    save_file(out, str(path))
-    os.chmod(path, 0o644)
-    cpath = args.out / "config.json"
-    c = json.loads(cpath.read_text())
-    c["architectures"] = ["DSparkDraftModel"]
-    c["dflash_config"] = dict(c["dflash_config"], projector_type="dspark",
-                              markov_rank=args.markov_rank, markov_head_type="vanilla",
-                              enable_confidence_head=True, confidence_head_with_markov=True,
-                              confidence_head_alpha=args.confidence_alpha)
-    rope = c.pop("rope_parameters", None) or {}
-    c["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 1_000_000.0))
-    c["rope_scaling"] = None
-    cpath.write_text(json.dumps(c, indent=2) + "\n")
-    log = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "parameters": sum(p.numel() for p in params), "train_sequences": len(train),
-           "train_s": curve[-1]["wall_s"] if curve else 0.0,
-           "wall_s": round(time.time() - t_start, 1), "loss_curve": curve,
-           "corpus": corpus.manifest()}
-    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    named = {(f"markov_head.{n}" if n.startswith("markov_") else f"confidence_head.{n}"): p
+             for n, p in heads.state_dict().items()}
+    save_on_dflash_backbone(
+        model, named, args.out, "DSparkDraftModel",
+        {"projector_type": "dspark", "markov_rank": args.markov_rank,
+         "markov_head_type": "vanilla", "enable_confidence_head": True,
+         "confidence_head_with_markov": True, "confidence_head_alpha": args.confidence_alpha},
+        finetune_log(args, params, curve, train, t_start))
     print(f"saved {args.out}", flush=True)
 
 

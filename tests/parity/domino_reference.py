@@ -54,7 +54,8 @@ def replay(spec: dict) -> None:
     [[ids]], "max_new_tokens": N, "seed": S, "shift_label": bool, "pure_draft_prefix_len": p,
     "emb_dim": e, "gru_hidden_dim": g}. SpecForge's own DominoDraftModel on the DFlash drafter's
     backbone with a random logit correction (large enough to change drafts), saved by its
-    save_pretrained into DIR; the target's greedy trajectories and the greedy replay written on
+    save_pretrained into DIR (or, with "drafter": DIR, a trained one loaded by its
+    from_pretrained); the target's greedy trajectories and the greedy replay written on
     the package's own forward and block sampler (_sample_draft_tokens, spec_generate's): per step
     the block [anchor, mask × (len − 1)], len = min(B, max_length − start), after the context
     features of [0, start) (dspark_reference.reference_replay). Prints its JSON."""
@@ -63,10 +64,20 @@ def replay(spec: dict) -> None:
     def heads(name, p, g):  # a correction that changes some drafts and keeps others
         p.copy_(spec.get("head_scale", 0.1) * torch.randn(p.shape, generator=g))
 
-    m = on_dflash_backbone(spec, DominoDraftModel, "domino", ("prefix_gru.", "embed_proj."),
-                           heads, emb_dim=spec["emb_dim"], gru_hidden_dim=spec["gru_hidden_dim"],
-                           pure_draft_prefix_len=spec["pure_draft_prefix_len"],
-                           shift_label=spec["shift_label"])
+    if spec.get("drafter"):  # a trained one, read by the package's own from_pretrained
+        from transformers import AutoConfig
+
+        torch.set_num_threads(1)
+        cfg = AutoConfig.from_pretrained(spec["drafter"])
+        cfg._attn_implementation = "eager"
+        m = DominoDraftModel.from_pretrained(spec["drafter"], config=cfg,
+                                             dtype=torch.float32).eval()
+    else:
+        m = on_dflash_backbone(spec, DominoDraftModel, "domino", ("prefix_gru.", "embed_proj."),
+                               heads, emb_dim=spec["emb_dim"],
+                               gru_hidden_dim=spec["gru_hidden_dim"],
+                               pure_draft_prefix_len=spec["pure_draft_prefix_len"],
+                               shift_label=spec["shift_label"])
     B, mask = m.block_size, m.mask_token_id
 
     def draft(target, feats, traj, start, max_length):

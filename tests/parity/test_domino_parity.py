@@ -141,20 +141,28 @@ REPLAY_NEW_TOKENS = 40
 REPLAY_PROMPTS = [[1, 5, 9, 14], [3, 200, 7, 7, 81, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2]]
 
 
-@pytest.fixture(scope="module", params=[(False, 0), (True, 2)], ids=["plain", "shift-prefix2"])
+@pytest.fixture(scope="module", params=[(False, 0), (True, 2), None],
+                ids=["plain", "shift-prefix2", "committed"])
 def replayed(request, tmp_path_factory):
     """The committed DFlash drafter's backbone as a SpecForge Domino drafter with a random
-    correction (shift_label and pure_draft_prefix_len as the parameter says), replayed by the
-    reference and by specwire-replay on the same greedy trajectories of the committed target."""
+    correction (shift_label and pure_draft_prefix_len as the parameter says), or the committed
+    trained Domino drafter (models/tiny-qwen3-domino, read by SpecForge's from_pretrained),
+    replayed by the reference and by specwire-replay on the same greedy trajectories of the
+    committed target."""
     F.require_oracles("specforge")
-    shift, prefix = request.param
     root = tmp_path_factory.mktemp("domino-replay")
     target = REPO / "models" / "tiny-qwen3"
-    spec = F.write_json(root / "spec.json", {
-        "dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
-        "out": str(root / "domino"), "prompts": REPLAY_PROMPTS,
-        "max_new_tokens": REPLAY_NEW_TOKENS, "seed": 11, "shift_label": shift,
-        "pure_draft_prefix_len": prefix, "emb_dim": 32, "gru_hidden_dim": 24})
+    spec = {"dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
+            "out": str(root / "domino"), "prompts": REPLAY_PROMPTS,
+            "max_new_tokens": REPLAY_NEW_TOKENS, "seed": 11}
+    if request.param is None:
+        trained = str(REPO / "models" / "tiny-qwen3-domino")
+        spec.update(drafter=trained, out=trained)
+    else:
+        shift, prefix = request.param
+        spec.update(shift_label=shift, pure_draft_prefix_len=prefix, emb_dim=32,
+                    gru_hidden_dim=24)
+    spec = F.write_json(root / "spec.json", spec)
     r = F.run_oracle_script("domino_reference.py", "replay", str(spec))
     ref = json.loads(r.stdout.strip().splitlines()[-1])
     trajs = F.write_json(root / "trajectories.json",
@@ -164,7 +172,8 @@ def replayed(request, tmp_path_factory):
                                   str(target), "--trajectories_file", str(trajs),
                                   "--max_new_tokens", str(REPLAY_NEW_TOKENS), "--ddtree", "none",
                                   "--threads=1"])
-                    for d in (root / "domino", REPO / "models" / "tiny-qwen3-dflash"))
+                    for d in (json.loads(spec.read_text())["out"],
+                              REPO / "models" / "tiny-qwen3-dflash"))
     return ref, ours, dflash
 
 
