@@ -110,15 +110,16 @@ def test_every_server_stopped(demo):
 
 
 def test_drafter_families_side_by_side(demo):
-    """The committed DFlash2 (z-lab format), DSpark and Domino (SpecForge format), EAGLE-3 and
-    MTP (speculators format) drafters scored beside the DFlash one: their reports carry their
-    method labels, the comparison table matches the six reports, and DSpark's confidence head is
+    """The committed DFlash2 (z-lab format), DSpark and Domino (SpecForge format), XPress, EAGLE-3
+    and MTP (speculators format) drafters scored beside the DFlash one: their reports carry their
+    method labels, the comparison table matches the seven reports, and DSpark's confidence head is
     printed against the observed acceptance as its report has it."""
     text, out = demo["stdout"], demo["out"]
     reports = {"tiny-qwen3-dflash": demo["report"],
                "tiny-qwen3-dflash2": json.loads((out / "report-dflash2.json").read_text()),
                "tiny-qwen3-dspark": json.loads((out / "report-dspark.json").read_text()),
                "tiny-qwen3-domino": json.loads((out / "report-domino.json").read_text()),
+               "tiny-qwen3-xpress": json.loads((out / "report-xpress.json").read_text()),
                "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text()),
                "tiny-qwen3-mtp": json.loads((out / "report-mtp.json").read_text())}
     d2 = reports["tiny-qwen3-dflash2"]
@@ -142,9 +143,10 @@ def test_drafter_families_side_by_side(demo):
         [row["predicted"] for row in pa["calibration"][:8]], abs=5e-3)
     assert all("predicted_acceptance" not in r["summary"] for n, r in reports.items()
                if n != "tiny-qwen3-dspark")
-    dm = reports["tiny-qwen3-domino"]
-    assert dm["labels"]["method"] == "domino" and dm["summary"]["block_size"] == 16
-    assert not dm["summary"]["ddtree_tau"] and dm["summary"]["tree"]["method"] == ""
+    for name, method in (("tiny-qwen3-domino", "domino"), ("tiny-qwen3-xpress", "xpress")):
+        r = reports[name]
+        assert r["labels"]["method"] == method and r["summary"]["block_size"] == 16
+        assert not r["summary"]["ddtree_tau"] and r["summary"]["tree"]["method"] == ""
     mtp = reports["tiny-qwen3-mtp"]
     assert mtp["labels"]["method"] == "mtp" and mtp["summary"]["block_size"] == 4
     assert not mtp["summary"]["ddtree_tau"] and mtp["summary"]["tree"]["method"] == ""

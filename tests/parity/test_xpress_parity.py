@@ -140,10 +140,11 @@ REPLAY_NEW_TOKENS = 40
 REPLAY_PROMPTS = [[1, 5, 9, 14], [3, 200, 7, 7, 81, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2]]
 
 
-@pytest.fixture(scope="module")
-def replayed(tmp_path_factory):
+@pytest.fixture(scope="module", params=["random-refiner", "committed"])
+def replayed(request, tmp_path_factory):
     """The committed DFlash drafter's backbone in a speculators XPress drafter with a random
-    refiner, replayed by the reference (its backbone, then its Jacobi passes) and by
+    refiner, or the committed trained XPress drafter (models/tiny-qwen3-xpress, built by
+    speculators' classes from its config.json), replayed by the reference (its backbone, then its Jacobi passes) and by
     specwire-replay's features command on the same greedy trajectories of the committed target
     and the same context features (transformers' hidden states, as the reference reads them:
     the Jacobi passes carry a feature's last-bit difference into a draft now and then, which a
@@ -155,11 +156,14 @@ def replayed(tmp_path_factory):
     F.require_oracles("speculators")
     root = tmp_path_factory.mktemp("xpress-replay")
     target = REPO / "models" / "tiny-qwen3"
+    drafter = (REPO / "models" / "tiny-qwen3-xpress" if request.param == "committed"
+               else root / "xpress")
     spec = F.write_json(root / "spec.json", {
         "dflash": str(REPO / "models" / "tiny-qwen3-dflash"), "target": str(target),
-        "out": str(root / "xpress"), "prompts": REPLAY_PROMPTS,
+        "out": str(drafter), "prompts": REPLAY_PROMPTS,
         "max_new_tokens": REPLAY_NEW_TOKENS, "seed": 13, "rank": 16, "mlp_ratio": 2,
-        "passes": 3, "refiner_scale": 1.0})
+        "passes": 3, "refiner_scale": 1.0,
+        **({"drafter": str(drafter)} if request.param == "committed" else {})})
     r = F.run_oracle_script("xpress_reference.py", "replay", str(spec))
     ref = json.loads(r.stdout.strip().splitlines()[-1])
     hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
@@ -177,7 +181,7 @@ def replayed(tmp_path_factory):
     ours, dflash = (F.run_replay(["features", "--drafter", str(d), "--target_checkpoint",
                                   str(target), "--cases", str(root / "cases.safetensors"),
                                   "--threads=1"])
-                    for d in (root / "xpress", REPO / "models" / "tiny-qwen3-dflash"))
+                    for d in (drafter, REPO / "models" / "tiny-qwen3-dflash"))
     return ref, ours, dflash
 
 

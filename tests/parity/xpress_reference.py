@@ -98,7 +98,10 @@ def replay(spec: dict) -> None:
     "prompts": [[ids]], "max_new_tokens": N, "seed": S, "rank": r, "mlp_ratio": m, "passes": p}.
     speculators' own XPressDraftModel holding the DFlash drafter's backbone (its layer config,
     ids + 1 in speculators' convention), the target's embedding and head, and a random refiner,
-    saved by its save_pretrained into DIR; the target's greedy trajectories and the greedy replay
+    saved by its save_pretrained into DIR (or, with "drafter": DIR, a trained one: built from its
+    config.json, its weights loaded from its file, the target's embedding and head as its
+    verifier weights); the target's
+    greedy trajectories and the greedy replay
     written on the package's own drafting (xpress_block: the backbone, then its Jacobi passes):
     per step the full block [anchor, mask × (B − 1)] after the context features of [0, start)
     (dspark_reference.reference_replay). Prints its JSON."""
@@ -118,19 +121,38 @@ def replay(spec: dict) -> None:
     tl = Qwen3Config(**{k: getattr(dc, k) for k in keys}, tie_word_embeddings=False,
                      rope_parameters={"rope_type": "default", "rope_theta": theta})
     tl._attn_implementation = "eager"
-    v = {"block": dc.block_size, "draft_vocab": dc.vocab_size, "sample_from_anchor": False,
-         "aux_ids": [k + 1 for k in dc.dflash_config["target_layer_ids"]], "rank": spec["rank"],
-         "mlp_ratio": spec["mlp_ratio"], "passes": spec["passes"]}
     g = torch.Generator().manual_seed(spec["seed"])
-    m = xpress_model(v, tc, target, g, layers=tl, mask_token_id=dc.dflash_config["mask_token_id"],
-                     refiner_scale=spec.get("refiner_scale", 1.0))
-    backbone = {k: x.float() for k, x in
-                load_file(str(Path(spec["dflash"]) / "model.safetensors")).items()}
-    missing, unexpected = m.load_state_dict(backbone, strict=False)
-    assert not unexpected and all(k.startswith(("refiner_head.", "embed_tokens.", "lm_head.",
-                                                "d2t", "t2d", "verifier_"))
-                                  for k in missing), (missing, unexpected)
-    m.save_pretrained(spec["out"])
+    if spec.get("drafter"):  # a trained one, read by the package's own from_pretrained
+        from speculators.models.xpress import XPressDraftModel
+        from speculators.models.xpress.config import XPressSpeculatorConfig
+
+        cfg = XPressSpeculatorConfig.from_pretrained(spec["drafter"])
+        cfg.transformer_layer_config._attn_implementation = "eager"  # as the random ones
+        # Built from its config and loaded from its file: XPressDraftModel.from_pretrained under
+        # transformers 5 leaves the non-persistent buffers (the refiner's causal_tril, RoPE's
+        # inv_freq) uninitialised.
+        m = XPressDraftModel(cfg).eval()
+        missing, unexpected = m.load_state_dict(
+            {k: x.float() for k, x in
+             load_file(str(Path(spec["drafter"]) / "model.safetensors")).items()}, strict=False)
+        assert not unexpected and all(k.startswith(("embed_tokens.", "lm_head.", "verifier_"))
+                                      for k in missing), (missing, unexpected)
+        share_target_head(m, target, tc.vocab_size, tc.vocab_size, g)  # verifier weights
+        v = {"passes": m.config.num_jacobi_passes, "block": m.block_size}
+    else:
+        v = {"block": dc.block_size, "draft_vocab": dc.vocab_size, "sample_from_anchor": False,
+             "aux_ids": [k + 1 for k in dc.dflash_config["target_layer_ids"]],
+             "rank": spec["rank"], "mlp_ratio": spec["mlp_ratio"], "passes": spec["passes"]}
+        m = xpress_model(v, tc, target, g, layers=tl,
+                         mask_token_id=dc.dflash_config["mask_token_id"],
+                         refiner_scale=spec.get("refiner_scale", 1.0))
+        backbone = {k: x.float() for k, x in
+                    load_file(str(Path(spec["dflash"]) / "model.safetensors")).items()}
+        missing, unexpected = m.load_state_dict(backbone, strict=False)
+        assert not unexpected and all(k.startswith(("refiner_head.", "embed_tokens.", "lm_head.",
+                                                    "d2t", "t2d", "verifier_"))
+                                      for k in missing), (missing, unexpected)
+        m.save_pretrained(spec["out"])
     B, mask = v["block"], dc.dflash_config["mask_token_id"]
     ids = dc.dflash_config["target_layer_ids"]
 
