@@ -135,8 +135,8 @@ echo
 echo "reports: $OUT/report.json"
 echo "         $OUT/report.html"
 
-say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path), DSpark (a block with a Markov head and a confidence head), Domino (a block with a GRU logit correction), XPress (a block refined by Jacobi passes), EAGLE-3 (a chain; EAGLE's top-k tree) and an MTP head (a chain)"
-for family in dflash2 dspark domino xpress eagle3 mtp; do
+say "drafter families side by side: DFlash (a block; DDTree), DFlash2 (its selector's path), DSpark (a block with a Markov head and a confidence head), Domino (a block with a GRU logit correction), XPress (a block refined by Jacobi passes), EAGLE-3 (a chain; EAGLE's top-k tree), P-EAGLE (EAGLE-3's drafts in one forward; DDTree) and an MTP head (a chain)"
+for family in dflash2 dspark domino xpress eagle3 peagle mtp; do
   "$SCORE" --scorer="$SCORER_ADDR" --drafter="$MODELS/tiny-qwen3-$family" \
     --dataset="$MODELS/heldout_prompts.jsonl" --max_prompts="$MAX_PROMPTS" \
     --max_new_tokens="$MAX_NEW_TOKENS" --drafter_label="tiny-qwen3-$family" \
@@ -145,7 +145,7 @@ for family in dflash2 dspark domino xpress eagle3 mtp; do
     > "$LOGS/score-$family.log" 2> "$LOGS/score-$family-progress.log"
 done
 "$PY" - "$OUT/report.json" "$OUT/report-dflash2.json" "$OUT/report-dspark.json" \
-  "$OUT/report-domino.json" "$OUT/report-xpress.json" "$OUT/report-eagle3.json" "$OUT/report-mtp.json" "$MODELS" <<'EOF'
+  "$OUT/report-domino.json" "$OUT/report-xpress.json" "$OUT/report-eagle3.json" "$OUT/report-peagle.json" "$OUT/report-mtp.json" "$MODELS" <<'EOF'
 import json, sys
 from pathlib import Path
 print(f"{'drafter':<20} {'method':<7} {'format':<12} {'drafts/step':>11} {'tau':>6} "
@@ -177,7 +177,7 @@ for name, pa in predicted:
         print(f"  verify while predicted survival >= {c['cutoff']:.1f}: tau "
               f"{c['tau_mean_of_means']:.3f} (pooled {c['tau_pooled']:.3f})")
 EOF
-echo "reports: $OUT/report-dflash2.json $OUT/report-dspark.json $OUT/report-domino.json $OUT/report-xpress.json $OUT/report-eagle3.json $OUT/report-mtp.json"
+echo "reports: $OUT/report-dflash2.json $OUT/report-dspark.json $OUT/report-domino.json $OUT/report-xpress.json $OUT/report-eagle3.json $OUT/report-peagle.json $OUT/report-mtp.json"
 
 say "metrics (Prometheus text format)"
 echo "extractor: http://127.0.0.1:$EXTRACTOR_METRICS/metrics"

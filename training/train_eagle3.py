@@ -119,14 +119,21 @@ class Eagle3(torch.nn.Module):
                 "d2t": d2t, "t2d": t2d}
 
 
-def ttt_loss(model: Eagle3, seq: dict, to_draft: torch.Tensor, steps: int) -> torch.Tensor:
+def ttt_loss(model: Eagle3, seq: dict, to_draft: torch.Tensor, steps: int,
+             parallel: tuple | None = None) -> torch.Tensor:
     """speculators' TTT on one sequence: lanes t pair states g_t with token x_{t+1}; step k's
     lane t predicts x_{t+2+k}; loss over completion positions whose token is in the draft
-    vocabulary."""
+    vocabulary. parallel = (mask token id, mask_hidden [A·H]): P-EAGLE's parallel drafting
+    instead, where step k ≥ 1 feeds every lane the mask token's embedding and fc(mask_hidden)
+    rather than the true token and the step before's output (the attention is the same: the
+    context lanes up to t, then the lane's own earlier steps)."""
     ids, P, feats = seq["input_ids"], seq["prompt_len"], seq["features"]
     T = len(ids) - 2
     x = torch.as_tensor(ids)
     hid = model.fc(feats[:T])
+    if parallel is not None:
+        mask_emb = model.embed_tokens(torch.tensor([parallel[0]]))
+        mask_hid = model.fc(parallel[1][None])
     cache: list = []  # (K, V) of every earlier step, lanes cut to the current step's
     loss, weight = 0.0, 0.0
     for k in range(steps):
@@ -136,7 +143,10 @@ def ttt_loss(model: Eagle3, seq: dict, to_draft: torch.Tensor, steps: int) -> to
         cache = [(a[:n], b[:n]) for a, b in cache]
         tok = x[1 + k:T + 1]
         pos = torch.arange(n) + 1 + k
-        h = model.step(model.embed_tokens(tok), hid[:n], pos, cache)  # appends this step's K/V
+        if parallel is not None and k > 0:
+            h = model.step(mask_emb.expand(n, -1), mask_hid.expand(n, -1), pos, cache)
+        else:
+            h = model.step(model.embed_tokens(tok), hid[:n], pos, cache)  # appends its K/V
         labels = to_draft[x[2 + k:T + 2]]
         keep = torch.arange(n) + 2 + k >= P  # the label is a completion token
         labels = torch.where(keep, labels, torch.full_like(labels, -100))

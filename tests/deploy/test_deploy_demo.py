@@ -110,9 +110,9 @@ def test_every_server_stopped(demo):
 
 
 def test_drafter_families_side_by_side(demo):
-    """The committed DFlash2 (z-lab format), DSpark and Domino (SpecForge format), XPress, EAGLE-3
-    and MTP (speculators format) drafters scored beside the DFlash one: their reports carry their
-    method labels, the comparison table matches the seven reports, and DSpark's confidence head is
+    """The committed DFlash2 (z-lab format), DSpark and Domino (SpecForge format), XPress, EAGLE-3,
+    P-EAGLE and MTP (speculators format) drafters scored beside the DFlash one: their reports
+    carry their method labels, the comparison table matches the eight reports, and DSpark's confidence head is
     printed against the observed acceptance as its report has it."""
     text, out = demo["stdout"], demo["out"]
     reports = {"tiny-qwen3-dflash": demo["report"],
@@ -121,6 +121,7 @@ def test_drafter_families_side_by_side(demo):
                "tiny-qwen3-domino": json.loads((out / "report-domino.json").read_text()),
                "tiny-qwen3-xpress": json.loads((out / "report-xpress.json").read_text()),
                "tiny-qwen3-eagle3": json.loads((out / "report-eagle3.json").read_text()),
+               "tiny-qwen3-peagle": json.loads((out / "report-peagle.json").read_text()),
                "tiny-qwen3-mtp": json.loads((out / "report-mtp.json").read_text())}
     d2 = reports["tiny-qwen3-dflash2"]
     assert d2["labels"]["method"] == "dflash2" and d2["summary"]["block_size"] == 16
@@ -147,6 +148,11 @@ def test_drafter_families_side_by_side(demo):
         r = reports[name]
         assert r["labels"]["method"] == method and r["summary"]["block_size"] == 16
         assert not r["summary"]["ddtree_tau"] and r["summary"]["tree"]["method"] == ""
+    # P-EAGLE drafts EAGLE-3's 5 tokens in one forward; its tree is DDTree over the marginals.
+    pe = reports["tiny-qwen3-peagle"]
+    assert pe["labels"]["method"] == "peagle" and pe["summary"]["block_size"] == 6
+    assert pe["summary"]["tree"]["method"] == "ddtree"
+    assert list(pe["summary"]["ddtree_tau"]) == ["8"]
     mtp = reports["tiny-qwen3-mtp"]
     assert mtp["labels"]["method"] == "mtp" and mtp["summary"]["block_size"] == 4
     assert not mtp["summary"]["ddtree_tau"] and mtp["summary"]["tree"]["method"] == ""

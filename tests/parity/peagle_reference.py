@@ -182,19 +182,28 @@ def forward_main(spec: dict) -> None:
         save_file(cases, str(out / f"{name}.cases.safetensors"))
 
 
-def replay_main(spec: dict) -> None:
+def trained_model(drafter: str):
+    """A trained speculators P-EAGLE drafter: PEagleDraftModel built from its config.json (eager
+    attention), its weights loaded from its file."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
+    from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
 
-    torch.manual_seed(0)
-    data = load_file(spec["data"])
-    n = len([k for k in data if k.startswith("traj.")])
-    trajs = [data[f"traj.{i}"].tolist() for i in range(n)]
-    aux = [data[f"aux.{i}"].float() for i in range(n)]
-    tc = AutoConfig.from_pretrained(spec["target"])
-    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
-    V, H = tc.vocab_size, tc.hidden_size
-    K = spec["block"] - 1
+    cfg = PEagleSpeculatorConfig.from_pretrained(drafter)
+    cfg.transformer_layer_config._attn_implementation = "eager"
+    m = PEagleDraftModel(cfg).eval()
+    missing, unexpected = m.load_state_dict(
+        {k: x.float() if x.is_floating_point() else x
+         for k, x in load_file(str(Path(drafter) / "model.safetensors")).items()}, strict=False)
+    assert not unexpected and all(k.startswith("verifier_") for k in missing), (missing,
+                                                                                unexpected)
+    return m
+
+
+def trained_here(spec: dict, trajs: list, aux: list, target: dict, V: int, H: int, K: int):
+    """A speculators P-EAGLE drafter trained here on the trajectories with the package's own
+    forward (its parallel-group layout, cross-entropy on the next tokens), saved into
+    spec["out"]."""
+    n = len(trajs)
     v = {"hidden": H, "vocab": V, "draft_vocab": V, "aux_ids": spec["aux_ids"],
          "mask_token_id": spec["mask_token_id"], "norm_before_residual": True}
     m = speculators_model(v, K)
@@ -239,6 +248,26 @@ def replay_main(spec: dict) -> None:
         opt.step()
     m.eval()
     m.save_pretrained(spec["out"])
+    return m
+
+
+def replay_main(spec: dict) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    torch.manual_seed(0)
+    data = load_file(spec["data"])
+    n = len([k for k in data if k.startswith("traj.")])
+    trajs = [data[f"traj.{i}"].tolist() for i in range(n)]
+    aux = [data[f"aux.{i}"].float() for i in range(n)]
+    tc = AutoConfig.from_pretrained(spec["target"])
+    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    V, H = tc.vocab_size, tc.hidden_size
+    K = spec["block"] - 1
+    if spec.get("drafter"):  # a trained one: the package's model built from its config.json
+        m = trained_model(spec["drafter"])
+    else:
+        m = trained_here(spec, trajs, aux, target, V, H, K)
 
     def block(i: int, start: int, drafts: int) -> list[int]:
         pad = start + drafts - 1
@@ -250,7 +279,10 @@ def replay_main(spec: dict) -> None:
         logits = run_forward("speculators", m, ids, feats, anchor, depth, drafts,
                              spec["mask_token_id"])
         rows = [start - 1] + list(range(start, start + drafts - 1))
-        return logits[rows].argmax(-1).tolist()
+        best = logits[rows].argmax(-1)
+        if getattr(m, "d2t", None) is not None:  # draft-vocabulary ids to the target's
+            best = best + m.d2t[best]
+        return best.tolist()
 
     lengths = []
     for i, traj in enumerate(trajs):

@@ -224,6 +224,63 @@ def replayed(tmp_path_factory):
     return {"trajectories": trajs, "ref": ref, "ours": ours}
 
 
+@pytest.fixture(scope="module")
+def committed_replayed(tmp_path_factory):
+    """The committed trained P-EAGLE drafter (models/tiny-qwen3-peagle, a 1024-token draft
+    vocabulary) on the committed target: the reference replay on speculators' PEagleDraftModel
+    built from its config.json, and specwire-replay's, on the same greedy trajectories."""
+    root = tmp_path_factory.mktemp("peagle-committed")
+    target_dir = REPO / "models" / "tiny-qwen3"
+    drafter = REPO / "models" / "tiny-qwen3-peagle"
+    cfg = json.loads((drafter / "config.json").read_text())
+    hf = F.hf_target(target_dir)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 2000) for _ in range(PROMPT_LEN)] for _ in range(6)]
+    aux_ids = cfg["eagle_aux_hidden_state_layer_ids"]
+    # Index i is decoder layer i − 1's output before the final norm, also for the last layer
+    # (transformers' hidden_states[L] is after it): the layers' own outputs, hooked.
+    raw = {}
+    hooks = [layer.register_forward_hook(
+        lambda mod, a, out, i=i: raw.__setitem__(i + 1, out[0] if isinstance(out, tuple)
+                                                  else out))
+        for i, layer in enumerate(hf.model.layers)]
+    with torch.no_grad():
+        trajs = F.greedy_batch(hf, prompts, NEW_TOKENS)
+        hf(torch.tensor(trajs))
+    for h in hooks:
+        h.remove()
+    data = {}
+    for i, t in enumerate(trajs):
+        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
+        data[f"aux.{i}"] = torch.cat([raw[k][i] for k in aux_ids], -1).contiguous()
+    save_file(data, str(root / "data.safetensors"))
+    block = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] + 1
+    spec = F.write_json(root / "replay.json", {
+        "data": str(root / "data.safetensors"), "target": str(target_dir),
+        "drafter": str(drafter), "prompt_len": PROMPT_LEN, "max_new_tokens": NEW_TOKENS,
+        "block": block, "mask_token_id": cfg["mask_token_id"]})
+    r = F.run_oracle_script("peagle_reference.py", "replay", str(spec))
+    ref = json.loads(r.stdout.strip().splitlines()[-1])
+    ours = F.run_replay(["replay", "--drafter", str(drafter), "--target_checkpoint",
+                         str(target_dir), "--tokens_file",
+                         str(F.write_json(root / "prompts.json", prompts)),
+                         "--max_new_tokens", str(NEW_TOKENS), "--ignore_model_eos",
+                         "--threads=1", "--ddtree", "none"])
+    return {"trajectories": trajs, "ref": ref, "ours": ours}
+
+
+def test_committed_drafter_replays_as_the_reference(committed_replayed):
+    ours, ref = committed_replayed["ours"], committed_replayed["ref"]
+    assert [r["completion"] for r in ours["responses"]] == \
+        [t[PROMPT_LEN:] for t in committed_replayed["trajectories"]]
+    got = [r["step_lengths"] for r in ours["responses"]]
+    assert got == ref["step_lengths"], (got, ref["step_lengths"])
+    flat = [a for steps in got for a in steps]
+    assert max(flat) >= 3 and min(flat) == 1, flat
+    assert ours["method"] == "peagle" and ours["format"] == "speculators"
+    print(f"committed P-EAGLE replay: tau {sum(flat) / len(flat):.3f} over {len(flat)} steps")
+
+
 def test_replay_equals_the_reference_replay(replayed):
     ours, ref = replayed["ours"], replayed["ref"]
     assert [r["completion"] for r in ours["responses"]] == \
