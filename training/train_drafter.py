@@ -361,6 +361,28 @@ def finetune_log(args, params: list, curve: list[dict], train: list[dict],
             "corpus": corpus.manifest()}
 
 
+def add_target_args(ap) -> None:
+    """Where the target is: --extractor (a running one) or --target (a checkpoint an extractor is
+    started on, --extractor-bin)."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--extractor", help="address of a running specwire-extractor on the target")
+    src.add_argument("--target", type=Path, help="target checkpoint: start an extractor on it")
+    ap.add_argument("--extractor-bin", type=Path,
+                    help="specwire-extractor binary (default $SPECWIRE_BUILD_DIR or build/)")
+
+
+def dflash_init(args) -> tuple[DFlashDraftModel, int, list[int], int]:
+    """A fine-tuning run's start (add_finetune_args): torch's threads and seed set from args,
+    then the DFlash drafter --init in fp32, its block size, target_layer_ids and mask token."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model = DFlashDraftModel.from_pretrained(args.init, dtype=torch.float32).float()
+    cfg = model.config
+    block = cfg.block_size if hasattr(cfg, "block_size") else cfg.dflash_config["block_size"]
+    return (model, block, cfg.dflash_config["target_layer_ids"],
+            cfg.dflash_config["mask_token_id"])
+
+
 def add_loop_args(ap, steps: int) -> None:
     """The flags of a single-sequence training loop (fit_one_sequence_at_a_time) and of its
     self-generated data."""
@@ -378,10 +400,7 @@ def add_finetune_args(ap, steps: int, log_every: int) -> None:
     """The flags of a drafter fine-tuned from a DFlash drafter of the target (--init): where the
     target is, the output, the self-generated data and the loop (the committed runs' settings
     but the step counts)."""
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extractor")
-    src.add_argument("--target", type=Path)
-    ap.add_argument("--extractor-bin", type=Path)
+    add_target_args(ap)
     ap.add_argument("--init", type=Path, required=True, help="a DFlash drafter of the target")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--prompts", type=int, default=384)
@@ -509,11 +528,7 @@ def lr_at(step: int, args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extractor", help="address of a running specwire-extractor on the target")
-    src.add_argument("--target", type=Path, help="target checkpoint: start an extractor on it")
-    ap.add_argument("--extractor-bin", type=Path,
-                    help="specwire-extractor binary (default $SPECWIRE_BUILD_DIR or build/)")
+    add_target_args(ap)
     ap.add_argument("--out", type=Path, required=True, help="drafter output directory")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2, help="drafter decoder layers")

@@ -35,11 +35,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from dflash.model import DFlashDraftModel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_finetune_args, finetune_data, finetune_log, fit,  # noqa: E402
-                           make_batch, save_on_dflash_backbone)
+from train_drafter import (add_finetune_args, dflash_init, finetune_data,  # noqa: E402
+                           finetune_log, fit, make_batch, save_on_dflash_backbone)
 
 
 
@@ -99,15 +98,9 @@ def main() -> None:
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--confidence-alpha", type=float, default=1.0)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     t_start = time.time()
-
-    model = DFlashDraftModel.from_pretrained(args.init, dtype=torch.float32).float()
+    model, block, layer_ids, mask_id = dflash_init(args)
     cfg = model.config
-    block = cfg.block_size if hasattr(cfg, "block_size") else cfg.dflash_config["block_size"]
-    layer_ids = cfg.dflash_config["target_layer_ids"]
-    mask_id = cfg.dflash_config["mask_token_id"]
     heads = DSparkHeads(cfg.vocab_size, cfg.hidden_size, args.markov_rank)
 
     contract, embed, head, train = finetune_data(args, layer_ids, seed=args.seed + 11)

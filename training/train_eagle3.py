@@ -39,8 +39,9 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
-                           rotary, self_generated_features, speculators_config, training_log)
+from train_drafter import (add_loop_args, add_target_args, extractor,  # noqa: E402
+                           fit_one_sequence_at_a_time, rotary, self_generated_features,
+                           speculators_config, training_log)
 
 from specwire_client import ExtractorClient  # noqa: E402
 
@@ -159,10 +160,7 @@ def ttt_loss(model: Eagle3, seq: dict, to_draft: torch.Tensor, steps: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extractor", help="address of a running specwire-extractor on the target")
-    src.add_argument("--target", type=Path, help="target checkpoint: start an extractor on it")
-    ap.add_argument("--extractor-bin", type=Path)
+    add_target_args(ap)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--aux-ids", default="1,2,4",
                     help="auxiliary layers, speculators' HF hidden-state indices")

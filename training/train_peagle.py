@@ -29,8 +29,9 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
-                           self_generated_features, speculators_config, training_log)
+from train_drafter import (add_loop_args, add_target_args, extractor,  # noqa: E402
+                           fit_one_sequence_at_a_time, self_generated_features,
+                           speculators_config, training_log)
 from train_eagle3 import Eagle3, ttt_loss  # noqa: E402
 
 from specwire_client import ExtractorClient  # noqa: E402
@@ -58,10 +59,7 @@ def load_eagle3(init: Path) -> tuple[Eagle3, dict, torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extractor", help="address of a running specwire-extractor on the target")
-    src.add_argument("--target", type=Path, help="target checkpoint: start an extractor on it")
-    ap.add_argument("--extractor-bin", type=Path)
+    add_target_args(ap)
     ap.add_argument("--init", type=Path, required=True, help="an EAGLE-3 drafter of the target")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--mask-token-id", type=int, default=-1,

@@ -32,12 +32,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from dflash.model import DFlashDraftModel  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_finetune_args, block_weights, dflash_loss,  # noqa: E402
-                           finetune_data, finetune_log, fit, make_batch)
+from train_drafter import (add_finetune_args, block_weights, dflash_init,  # noqa: E402
+                           dflash_loss, finetune_data, finetune_log, fit, make_batch)
 
 
 def previous_tokens(batch: dict, seqs: list[dict], T: int, block: int) -> torch.Tensor:
@@ -104,15 +103,9 @@ def main() -> None:
     args = ap.parse_args()
     from speculators.models.xpress.model_definitions import XPressRefinerHead
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     t_start = time.time()
-
-    model = DFlashDraftModel.from_pretrained(args.init, dtype=torch.float32).float()
+    model, block, layer_ids, mask_id = dflash_init(args)
     cfg = model.config
-    block = cfg.block_size if hasattr(cfg, "block_size") else cfg.dflash_config["block_size"]
-    layer_ids = cfg.dflash_config["target_layer_ids"]
-    mask_id = cfg.dflash_config["mask_token_id"]
     refiner = XPressRefinerHead(verifier_vocab_size=cfg.vocab_size,
                                 draft_vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                                 block_size=block, rank=args.rank, mlp_ratio=args.mlp_ratio)

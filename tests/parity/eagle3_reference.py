@@ -183,13 +183,11 @@ def specforge_variant(v: dict, out: Path, L: int, K: int, seed: int) -> dict:
             "steps64": ttt(copy.deepcopy(m).double(), feats.double())}
 
 
-def replay_main(spec: dict) -> None:
+def replay_data(spec: dict) -> tuple:
+    """A replay spec's data (torch seeded 0): the trajectories and auxiliary states of
+    spec["data"] (traj.{i}, aux.{i}), the target's config and its tensors."""
     from safetensors.torch import load_file
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-    from speculators.models.eagle3.core import Eagle3DraftModel
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig
 
     torch.manual_seed(0)
     data = load_file(spec["data"])
@@ -198,6 +196,18 @@ def replay_main(spec: dict) -> None:
     aux = [data[f"aux.{i}"].float() for i in range(n)]
     tc = AutoConfig.from_pretrained(spec["target"])
     target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    return trajs, aux, tc, target
+
+
+def replay_main(spec: dict) -> None:
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    trajs, aux, tc, target = replay_data(spec)
+    n = len(trajs)
     V, H = tc.vocab_size, tc.hidden_size
     ids_layers = spec["aux_ids"]
     # The draft vocabulary: every token the trajectories use, then the lowest others.

@@ -252,16 +252,9 @@ def trained_here(spec: dict, trajs: list, aux: list, target: dict, V: int, H: in
 
 
 def replay_main(spec: dict) -> None:
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
+    from eagle3_reference import replay_data
 
-    torch.manual_seed(0)
-    data = load_file(spec["data"])
-    n = len([k for k in data if k.startswith("traj.")])
-    trajs = [data[f"traj.{i}"].tolist() for i in range(n)]
-    aux = [data[f"aux.{i}"].float() for i in range(n)]
-    tc = AutoConfig.from_pretrained(spec["target"])
-    target = load_file(str(Path(spec["target"]) / "model.safetensors"))
+    trajs, aux, tc, target = replay_data(spec)
     V, H = tc.vocab_size, tc.hidden_size
     K = spec["block"] - 1
     if spec.get("drafter"):  # a trained one: the package's model built from its config.json
