@@ -37,9 +37,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_finetune_args, block_weights, dflash_init,  # noqa: E402
-                           dflash_loss, finetune_data, finetune_log, fit, make_batch,
-                           save_on_dflash_backbone)
+from train_drafter import (add_finetune_args, block_slot_tokens, block_weights,  # noqa: E402
+                           dflash_init, dflash_loss, finetune_data, finetune_log, fit,
+                           frozen_backbone_batch, save_on_dflash_backbone)
 
 
 class DominoCorrection(torch.nn.Module):
@@ -67,20 +67,6 @@ class DominoCorrection(torch.nn.Module):
         return corr.view(b, Q, -1)
 
 
-def block_tokens(batch: dict, seqs: list[dict], T: int, block: int) -> torch.Tensor:
-    """The target's tokens of every block slot: slot i of the block anchored at a holds x[a + i]
-    (0 past the sequence; those slots have no label)."""
-    b, Q = batch["ids"].shape
-    out = torch.zeros((b, Q), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        x = s["input_ids"]
-        for j in range(Q // block):
-            a = int(batch["positions"][r, T + j * block])
-            k = min(block, len(x) - a)
-            out[r, j * block:j * block + k] = torch.as_tensor(x[a:a + k])
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_finetune_args(ap, steps=1200, log_every=200)
@@ -98,16 +84,9 @@ def main() -> None:
     params = list(correction.parameters())
 
     def step_loss(g: torch.Generator) -> dict:
-        rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
-        seqs = [train[r] for r in rows]
-        batch = make_batch(seqs, args.anchors_per_seq, block, mask_id, g)
-        T = batch["features"].shape[1]
-        noise = F.embedding(batch["ids"], embed)
-        with torch.no_grad():
-            hidden = model(position_ids=batch["positions"], attention_mask=batch["mask"],
-                           noise_embedding=noise, target_hidden=batch["features"])
+        seqs, batch, hidden = frozen_backbone_batch(model, train, args, block, mask_id, embed, g)
         base = F.linear(hidden, head)
-        tokens = F.embedding(block_tokens(batch, seqs, T, block), embed)
+        tokens = F.embedding(block_slot_tokens(batch, seqs, block), embed)
         logits = base + correction(hidden, tokens, block)
         labels = batch["labels"]
         loss = dflash_loss(logits, labels, weights, block)

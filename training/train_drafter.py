@@ -383,6 +383,36 @@ def dflash_init(args) -> tuple[DFlashDraftModel, int, list[int], int]:
             cfg.dflash_config["mask_token_id"])
 
 
+def frozen_backbone_batch(model: DFlashDraftModel, train: list[dict], args, block: int,
+                          mask_id: int, embed: torch.Tensor, g: torch.Generator) -> tuple:
+    """A batch of a fine-tuning run whose DFlash backbone stays frozen: args.batch sequences drawn
+    with g, make_batch's blocks, and the backbone's final-normed block states [b, Q, H] (no
+    grad). Returns (sequences, batch, states)."""
+    rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
+    seqs = [train[r] for r in rows]
+    batch = make_batch(seqs, args.anchors_per_seq, block, mask_id, g)
+    with torch.no_grad():
+        hidden = model(position_ids=batch["positions"], attention_mask=batch["mask"],
+                       noise_embedding=F.embedding(batch["ids"], embed),
+                       target_hidden=batch["features"])
+    return seqs, batch, hidden
+
+
+def block_slot_tokens(batch: dict, seqs: list[dict], block: int, shift: int = 0) -> torch.Tensor:
+    """The target's token of every block slot, `shift` positions off: slot i of the block
+    anchored at a gets x[a + i + shift] (0 past the sequence, where no slot has a label)."""
+    T = batch["features"].shape[1]
+    b, Q = batch["ids"].shape
+    out = torch.zeros((b, Q), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        x = s["input_ids"]
+        for j in range(Q // block):
+            a = int(batch["positions"][r, T + j * block]) + shift
+            k = min(block, len(x) - a)
+            out[r, j * block:j * block + k] = torch.as_tensor(x[a:a + k])
+    return out
+
+
 def add_loop_args(ap, steps: int) -> None:
     """The flags of a single-sequence training loop (fit_one_sequence_at_a_time) and of its
     self-generated data."""

@@ -35,23 +35,9 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_drafter import (add_finetune_args, block_weights, dflash_init,  # noqa: E402
-                           dflash_loss, finetune_data, finetune_log, fit, make_batch)
-
-
-def previous_tokens(batch: dict, seqs: list[dict], T: int, block: int) -> torch.Tensor:
-    """The fill-in layout's teacher-forced previous token of every block slot: slot s of the
-    block anchored at a gets x[a + s − 1] (the token before the anchor for slot 0; 0 past the
-    sequence, where no slot has a label)."""
-    b, Q = batch["ids"].shape
-    out = torch.zeros((b, Q), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        x = s["input_ids"]
-        for j in range(Q // block):
-            a = int(batch["positions"][r, T + j * block])
-            k = min(block, len(x) - a + 1)
-            out[r, j * block:j * block + k] = torch.as_tensor(x[a - 1:a - 1 + k])
-    return out
+from train_drafter import (add_finetune_args, block_slot_tokens, block_weights,  # noqa: E402
+                           dflash_init, dflash_loss, finetune_data, finetune_log, fit,
+                           frozen_backbone_batch)
 
 
 def speculators_xpress(dflash_dir: Path, target_config: dict, embed: torch.Tensor,
@@ -116,18 +102,12 @@ def main() -> None:
     params = list(refiner.parameters())
 
     def step_loss(g: torch.Generator) -> dict:
-        rows = torch.randint(len(train), (args.batch,), generator=g).tolist()
-        seqs = [train[r] for r in rows]
-        batch = make_batch(seqs, args.anchors_per_seq, block, mask_id, g)
-        T = batch["features"].shape[1]
+        seqs, batch, hidden = frozen_backbone_batch(model, train, args, block, mask_id, embed, g)
         b, Q = batch["ids"].shape
-        with torch.no_grad():
-            hidden = model(position_ids=batch["positions"], attention_mask=batch["mask"],
-                           noise_embedding=F.embedding(batch["ids"], embed),
-                           target_hidden=batch["features"])
         base = F.linear(hidden, head).view(b * (Q // block), block, -1)
         hcache = refiner.hidden_cache(hidden.view(b * (Q // block), block, -1))
-        prev_tf = previous_tokens(batch, seqs, T, block).view(-1, block)
+        # The fill-in layout's teacher-forced previous tokens: slot s gets x[a + s − 1].
+        prev_tf = block_slot_tokens(batch, seqs, block, shift=-1).view(-1, block)
         labels = batch["labels"]
         teacher = (base + refiner.block_bias(prev_tf, hcache=hcache)).view(b, Q, -1)
         loss_tf = dflash_loss(teacher, labels, weights, block)
