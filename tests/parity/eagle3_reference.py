@@ -319,19 +319,26 @@ def chain_replay(m, trajs, aux, chosen, prompt_lens, max_new_tokens, block):
     return lengths, drafting
 
 
-def load_speculators(drafter: str):
-    """An Eagle3DraftModel from a speculators checkpoint (from_pretrained needs the verifier's
-    own files; the weights are all in the checkpoint), in fp32 and eval mode."""
+def load_speculators(drafter: str, config_cls=None, model_cls=None):
+    """A speculators draft model (Eagle3DraftModel unless config_cls / model_cls name another
+    family's) built from a checkpoint's config.json with eager attention, its weights loaded from
+    its file, in fp32 and eval mode: (model, the file's tensors). Not from_pretrained: that needs
+    the verifier's own files, and under transformers 5 it leaves non-persistent buffers (XPress's
+    causal_tril, RoPE's inv_freq) uninitialised. Only the verifier's weights (embedding, head)
+    and the vocabulary maps may be missing."""
     from safetensors.torch import load_file
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-    from speculators.models.eagle3.core import Eagle3DraftModel
 
-    cfg = Eagle3SpeculatorConfig.from_pretrained(drafter)
+    if config_cls is None:
+        from speculators.models.eagle3 import Eagle3SpeculatorConfig as config_cls
+        from speculators.models.eagle3.core import Eagle3DraftModel as model_cls
+    cfg = config_cls.from_pretrained(drafter)
     cfg.transformer_layer_config._attn_implementation = "eager"
-    m = Eagle3DraftModel(cfg).eval()
+    m = model_cls(cfg).eval()
     weights = {k: (v.float() if v.is_floating_point() else v)
                for k, v in load_file(str(Path(drafter) / "model.safetensors")).items()}
-    m.load_state_dict(weights, strict=False)
+    missing, unexpected = m.load_state_dict(weights, strict=False)
+    assert not unexpected and all(k.startswith(("embed_tokens.", "lm_head.", "verifier_", "d2t",
+                                                "t2d")) for k in missing), (missing, unexpected)
     return m.float(), weights
 
 

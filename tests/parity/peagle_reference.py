@@ -182,23 +182,6 @@ def forward_main(spec: dict) -> None:
         save_file(cases, str(out / f"{name}.cases.safetensors"))
 
 
-def trained_model(drafter: str):
-    """A trained speculators P-EAGLE drafter: PEagleDraftModel built from its config.json (eager
-    attention), its weights loaded from its file."""
-    from safetensors.torch import load_file
-    from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
-
-    cfg = PEagleSpeculatorConfig.from_pretrained(drafter)
-    cfg.transformer_layer_config._attn_implementation = "eager"
-    m = PEagleDraftModel(cfg).eval()
-    missing, unexpected = m.load_state_dict(
-        {k: x.float() if x.is_floating_point() else x
-         for k, x in load_file(str(Path(drafter) / "model.safetensors")).items()}, strict=False)
-    assert not unexpected and all(k.startswith("verifier_") for k in missing), (missing,
-                                                                                unexpected)
-    return m
-
-
 def trained_here(spec: dict, trajs: list, aux: list, target: dict, V: int, H: int, K: int):
     """A speculators P-EAGLE drafter trained here on the trajectories with the package's own
     forward (its parallel-group layout, cross-entropy on the next tokens), saved into
@@ -252,13 +235,15 @@ def trained_here(spec: dict, trajs: list, aux: list, target: dict, V: int, H: in
 
 
 def replay_main(spec: dict) -> None:
-    from eagle3_reference import replay_data
+    from eagle3_reference import load_speculators, replay_data
 
     trajs, aux, tc, target = replay_data(spec)
     V, H = tc.vocab_size, tc.hidden_size
     K = spec["block"] - 1
     if spec.get("drafter"):  # a trained one: the package's model built from its config.json
-        m = trained_model(spec["drafter"])
+        from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
+
+        m, _ = load_speculators(spec["drafter"], PEagleSpeculatorConfig, PEagleDraftModel)
     else:
         m = trained_here(spec, trajs, aux, target, V, H, K)
 

@@ -123,20 +123,11 @@ def replay(spec: dict) -> None:
     tl._attn_implementation = "eager"
     g = torch.Generator().manual_seed(spec["seed"])
     if spec.get("drafter"):  # a trained one, read by the package's own from_pretrained
+        from eagle3_reference import load_speculators
         from speculators.models.xpress import XPressDraftModel
         from speculators.models.xpress.config import XPressSpeculatorConfig
 
-        cfg = XPressSpeculatorConfig.from_pretrained(spec["drafter"])
-        cfg.transformer_layer_config._attn_implementation = "eager"  # as the random ones
-        # Built from its config and loaded from its file: XPressDraftModel.from_pretrained under
-        # transformers 5 leaves the non-persistent buffers (the refiner's causal_tril, RoPE's
-        # inv_freq) uninitialised.
-        m = XPressDraftModel(cfg).eval()
-        missing, unexpected = m.load_state_dict(
-            {k: x.float() for k, x in
-             load_file(str(Path(spec["drafter"]) / "model.safetensors")).items()}, strict=False)
-        assert not unexpected and all(k.startswith(("embed_tokens.", "lm_head.", "verifier_"))
-                                      for k in missing), (missing, unexpected)
+        m, _ = load_speculators(spec["drafter"], XPressSpeculatorConfig, XPressDraftModel)
         share_target_head(m, target, tc.vocab_size, tc.vocab_size, g)  # verifier weights
         v = {"passes": m.config.num_jacobi_passes, "block": m.block_size}
     else:

@@ -32,9 +32,10 @@ constexpr Mapped kMapped[] = {
     {"--prompts", "--prompts_file"},     {"--max_tokens", "--max_new_tokens"},
     {"--bootstrap_resamples", "--bootstrap_resamples"},
     {"--seed", "--bootstrap_seed"},      {"--json", "--json_out"},
-    {"--html", "--html_out"},            {"--replay", "(specwire-score's own)"},
-    {"--score", "(specwire-score's own)"},
+    {"--html", "--html_out"},
 };
+// The binaries of the canonical side: specwire-score names itself and its specwire-replay.
+constexpr const char* kOwn[] = {"--replay", "--score"};
 
 // "--name=value" and "--name" both name "--name".
 std::string OptionName(const std::string& arg) {
@@ -77,6 +78,13 @@ absl::StatusOr<std::vector<std::string>> ReconcileArguments(const ReconcileReque
   for (const std::string& arg : r.passthrough) {
     const std::string name = OptionName(arg);
     if (name == "--drive") drives = true;
+    for (const char* own : kOwn) {
+      if (name == own) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--reconcile: ", name, " after \"--\": specwire-score runs itself and the "
+            "specwire-replay beside it"));
+      }
+    }
     for (const Mapped& m : kMapped) {
       if (name == m.option) {
         return absl::InvalidArgumentError(absl::StrCat(

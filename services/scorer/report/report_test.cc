@@ -293,6 +293,8 @@ TEST(ReconcileCommand, RefusesNamingTheFlag) {
       {[](ReconcileRequest& r) { r.passthrough = {"--target", "x"}; },
        "--target after \"--\" is given by specwire-score's --target_checkpoint"},
       {[](ReconcileRequest& r) { r.passthrough = {"--served", "x"}; }, "--reconcile"},
+      {[](ReconcileRequest& r) { r.passthrough = {"--replay=x"}; },
+       "--replay after \"--\": specwire-score runs itself"},
   };
   for (const Case& c : cases) {
     ReconcileRequest r = ok;
