@@ -16,6 +16,7 @@ void PromptScoreToProto(const PromptScore& s, v1::PromptResult* out) {
     for (int32_t v : lengths) l.add_lengths(static_cast<uint32_t>(v));
   }
   out->set_finish_reason(s.finish_reason);
+  for (int64_t t : CompletionTokens(s)) out->add_completion_token_ids(static_cast<int32_t>(t));
   if (const std::optional<PredictedAcceptance>& p = s.acceptance.predicted) {
     v1::PredictedAcceptanceRecord* r = out->mutable_predicted_acceptance();
     for (size_t i = 0; i < p->accepted.size() && i < p->predicted.size(); ++i) {
@@ -44,6 +45,7 @@ PromptScore PromptScoreFromProto(const v1::PromptResult& p) {
   }
   s.tau = p.tau();
   s.finish_reason = p.finish_reason();
+  s.completion_tokens.assign(p.completion_token_ids().begin(), p.completion_token_ids().end());
   if (p.has_predicted_acceptance()) {
     const v1::PredictedAcceptanceRecord& r = p.predicted_acceptance();
     PredictedAcceptance x;

@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,81 @@ def test_benchmarks_through_a_scorer_carry_prometheus_labels(tiny_extractor, tmp
                        for line in metrics.splitlines()), name
     finally:
         s.stop()
+
+
+def templated_target(tmp_path: Path) -> Path:
+    """tiny-qwen3's tokenizer with Qwen3's chat template (the prompts are encoded client-side;
+    the extractor serves tiny-qwen3 itself)."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(TARGET / f, target / f)
+    shutil.copy(REPO / "tests" / "data" / "chat_templates" / "qwen3.jinja",
+                target / "chat_template.jinja")
+    return target
+
+
+@pytest.mark.parametrize("name, thinking", [("mt-bench", False), ("speed-bench", None)])
+def test_multi_turn_scored_turn_by_turn(tiny_extractor, tmp_path, name, thinking):
+    """Turn K's prompt is the conversation so far with the target's own answers: the ids equal
+    transformers' apply_chat_template of [user 1, assistant (the reported completion decoded by
+    transformers' tokenizer), ..., user K]; each turn a row over the records that have it."""
+    from transformers import AutoTokenizer
+    score = build_dir() / "services" / "scorer" / "specwire-score"
+    target = templated_target(tmp_path)
+    rng = random.Random(hash(name) & 0xFFFF)
+    rows = [record(name, rng, i) for i in range(7)]
+    rows[0]["turns"] = rows[0]["turns"][:1] + [text(rng), text(rng)]  # one record has 3 turns
+    f = write(tmp_path / name, rows, "jsonl")
+    b = bm.prepare(name, f, target, thinking=thinking)
+    got = bm.score_turns(b, DRAFTER, extractor=tiny_extractor.address, max_new_tokens=12,
+                         bootstrap_resamples=100, score_bin=score)
+    turns = max(len(r["turns"]) for r in rows)
+    assert [r["turn"] for r in got] == list(range(1, turns + 1))
+    for r in got:
+        assert r["prompts"] == sum(len(x["turns"]) >= r["turn"] for x in rows)
+        label = name if r["turn"] == 1 else f"{name}/turn{r['turn']}"
+        assert r["report"]["labels"]["dataset"] == label
+    hf = AutoTokenizer.from_pretrained(str(target))
+    flags = {} if thinking is None else {"enable_thinking": thinking}
+    conversations = {i: [{"role": "user", "content": x["turns"][0]}] for i, x in enumerate(rows)}
+    prev = b
+    for r in got[1:]:
+        alive = [i for i in conversations if len(rows[i]["turns"]) >= r["turn"]]
+        done = bm.answers(got[r["turn"] - 2]["report"], len(conversations))
+        for i, ids in zip(list(conversations), done):
+            conversations[i].append({"role": "assistant",
+                                     "content": hf.decode(ids, skip_special_tokens=True)})
+        conversations = {i: conversations[i] + [{"role": "user",
+                                                 "content": rows[i]["turns"][r["turn"] - 1]}]
+                         for i in alive}
+        prev = bm.next_turn(prev, done)
+        for i, ids in zip(alive, prev.input_ids):
+            want = hf.apply_chat_template(conversations[i], add_generation_prompt=True,
+                                          tokenize=True, **flags)
+            want = want["input_ids"] if isinstance(want, Mapping) else want
+            assert ids == list(want), f"record {i}, turn {r['turn']}"
+        assert r["report"]["summary"]["responses"] == len(alive)
+    assert bm.next_turn(prev, bm.answers(got[-1]["report"], len(prev.prompts))) is None
+    # --turns 1: the first turn alone; the table has a turn column.
+    p = subprocess.run([sys.executable, "-m", "specwire_client.benchmarks", "--benchmark",
+                        f"{name}={f}", "--target", str(target), "--drafter", str(DRAFTER),
+                        "--extractor", tiny_extractor.address, "--max_new_tokens", "8",
+                        "--bootstrap_resamples", "50", "--score", str(score), "--turns", "2"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:2] == ["benchmark", "turn"] and len(lines) == 3
+    assert [ln.split()[1] for ln in lines[1:]] == ["1", "2"]
+
+
+def test_answers_need_completions():
+    with pytest.raises(RuntimeError, match="no completion_token_ids"):
+        bm.answers({"prompts": [{"prompt_index": 0, "step_lengths": [1]}]}, 1)
+    with pytest.raises(RuntimeError, match=r"no result for prompts \[1\]"):
+        bm.answers({"prompts": [{"prompt_index": 0, "completion_token_ids": [5, 2],
+                                 "finish_reason": "stop_token"}]}, 2)
+    assert bm.answers({"prompts": [{"prompt_index": 0, "completion_token_ids": [5, 2],
+                                    "finish_reason": "stop_token"}]}, 1) == [[5]]
+    assert bm.answers({"prompts": [{"prompt_index": 0, "completion_token_ids": [5, 2],
+                                    "finish_reason": "max_new_tokens"}]}, 1) == [[5, 2]]

@@ -97,7 +97,8 @@ def pair(tmp_path_factory) -> dict:
     drafter_dir = F.save_drafter(drafter, root / "trained-b8", zlab_rope={})
     unseen = torch.randint(0, 500, (2, 11), generator=g).tolist()
     prompts = seen[:4].tolist() + unseen
-    return {"target": target, "drafter": drafter_dir, "prompts": prompts, "root": root}
+    return {"target": target, "drafter": drafter_dir, "prompts": prompts, "root": root,
+            "sequences": sequences}
 
 
 @pytest.fixture(scope="module")
@@ -459,6 +460,21 @@ def test_summary_carries_intervals_windows_and_temperature(scorer, pair, first_j
     assert all(d.startswith("xxh3-128:") for d in digests) and len(set(digests)) == len(digests)
 
 
+def test_results_carry_the_completion(pair, first_job):
+    """PromptResult.completion_token_ids: what the target answered, one id per completion token,
+    hashing with the prompt to the trajectory digest; transformers' greedy generate gives the
+    same tokens (the prompts the drafter was trained on run to max_new_tokens)."""
+    import numpy as np
+    import xxhash
+    for i, r in first_job["results"].items():
+        got = list(r.completion_token_ids)
+        assert len(got) == r.completion_tokens > 0, f"prompt {i}"
+        whole = np.asarray(pair["prompts"][i] + got, dtype="<i8").tobytes()
+        assert r.trajectory_digest == "xxh3-128:" + xxhash.xxh3_128_hexdigest(whole)
+        if i < 4 and r.finish_reason == "max_new_tokens":
+            assert got == pair["sequences"][i][len(pair["prompts"][i]):], f"prompt {i}"
+
+
 def test_live_jobs_through_the_scorer(scorer, pair, first_job):
     """ScoreRequest.live: greedy live results equal the replay's prompt by prompt and the
     scorer's self-check says so; a sampled live job reports its setting and rule."""
@@ -469,6 +485,7 @@ def test_live_jobs_through_the_scorer(scorer, pair, first_job):
     for i, ref in first_job["results"].items():
         assert list(results[i].step_lengths) == list(ref.step_lengths), f"prompt {i}"
         assert results[i].trajectory_digest == ref.trajectory_digest
+        assert results[i].completion_token_ids == ref.completion_token_ids
     assert not results[0].ddtree_step_lengths  # the live loop grows no trees
     assert s.live.self_check_prompts == len(results) == s.live.self_check_matching
     assert s.tau_mean_of_means == first_job["summary"].tau_mean_of_means

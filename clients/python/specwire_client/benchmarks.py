@@ -18,14 +18,18 @@ Files: .jsonl, .jsonl.gz, .json (a list) or .parquet. A record without a require
 one of the wrong type, is refused naming the file, the line (row) and the field. The prompt is
 the first user turn in the benchmark's usual instruction (SpecForge's and z-lab's: gsm8k and
 math500 ask for step-by-step reasoning and a boxed answer, humaneval for a solution in a python
-block, mbpp adds its tests); multi-turn benchmarks are scored on their first turn, whose answer
-the target generates itself.
+block, mbpp adds its tests). Multi-turn benchmarks (mt-bench, SPEED-Bench's multiturn rows) are
+scored turn by turn as their own evaluations run them: turn k's prompt is the conversation so far,
+each earlier user turn followed by the target's own greedy answer to it (the completion the
+scorer reports, decoded), then user turn k; each turn is a row of its own (--turns N: the first
+N turns only).
 
     python -m specwire_client.benchmarks --benchmark humaneval --benchmark gsm8k=FILE
         --target DIR --drafter DIR (--extractor ADDR | --scorer ADDR) [--thinking off]
 
-runs specwire-score per benchmark (dataset label = the benchmark's name, so the scorer's
-Prometheus series carry it) and prints one row per benchmark: prompts, τ as the mean of
+runs specwire-score per benchmark and turn (dataset label = the benchmark's name, NAME/turnK for
+turn K > 1, so the scorer's Prometheus series carry it) and prints one row each: prompts, τ as
+the mean of
 per-response means and pooled, each with its 95% bootstrap interval, and the accepted-length
 histogram; --json / --html write the same table with every row's provenance (benchmark file
 digest, template record, the reports' own provenance).
@@ -62,7 +66,7 @@ class BenchmarkPrompt:
     benchmark: str
     id: str
     category: str
-    turns: list[str]   # the user turns (the first is scored)
+    turns: list[str]   # the user turns
     prompt: str        # the first turn in the benchmark's instruction
 
 
@@ -212,13 +216,43 @@ class PreparedBenchmark:
     record: Optional[TemplateRecord]  # None: the target has no chat template (raw text)
     thinking: Optional[bool]
     tokenizer: str  # the tokenizer.json the prompts were encoded with
+    turn: int = 1   # the user turn these prompts end on (1: the first)
+    # Per prompt, the conversation it renders (user and assistant messages, the last one the
+    # user's turn `turn`); for a target without a chat template, the raw text instead.
+    conversations: list[list[dict[str, str]]] = dataclasses.field(default_factory=list)
+    template: Optional[ChatTemplate] = None
+
+    @property
+    def label(self) -> str:
+        """The dataset label its scores carry: the name, NAME/turnK past the first turn."""
+        return self.name if self.turn == 1 else f"{self.name}/turn{self.turn}"
+
+
+def _template(target: Path) -> Optional[ChatTemplate]:
+    try:
+        return ChatTemplate.from_model_dir(target)
+    except FileNotFoundError:
+        return None
+
+
+def _flags(thinking: Optional[bool]) -> dict[str, bool]:
+    return {} if thinking is None else {"enable_thinking": bool(thinking)}
+
+
+def _render(template: Optional[ChatTemplate], conversation: list[dict[str, str]],
+            thinking: Optional[bool]) -> str:
+    """A conversation ending on a user turn as the target reads it: the chat template with the
+    generation prompt, or (no template) the turns' raw text one after another."""
+    if template is None:
+        return "\n\n".join(m["content"] for m in conversation)
+    return template.render(conversation, add_generation_prompt=True, **_flags(thinking))
 
 
 def prepare(name: str, path: Union[str, Path, None], target: Union[str, Path], *,
             thinking: Optional[bool] = None, max_prompts: int = 0) -> PreparedBenchmark:
-    """The benchmark's prompts as token ids: rendered with the target's chat template (a user
-    turn, the generation prompt, enable_thinking when given) or, for a target without one, the
-    raw text."""
+    """The benchmark's first-turn prompts as token ids: rendered with the target's chat template
+    (a user turn, the generation prompt, enable_thinking when given) or, for a target without
+    one, the raw text. next_turn() carries them on."""
     if path is None and name != "humaneval":
         read_benchmark(name)  # raises: which file is missing
     src = Path(path) if path is not None else humaneval_file()
@@ -227,22 +261,59 @@ def prepare(name: str, path: Union[str, Path, None], target: Union[str, Path], *
         prompts = prompts[:max_prompts]
     t = Path(target)
     encode = tokenizer_encoder(t / "tokenizer.json")
-    try:
-        template: Optional[ChatTemplate] = ChatTemplate.from_model_dir(t)
-    except FileNotFoundError:
-        template = None
-    flags = {} if thinking is None else {"enable_thinking": bool(thinking)}
-    ids = []
-    for p in prompts:
-        if template is None:
-            text = p.prompt
-        else:
-            text = template.render([{"role": "user", "content": p.prompt}],
-                                   add_generation_prompt=True, **flags)
-        ids.append(list(encode(text)[0]))
+    template = _template(t)
+    conversations = [[{"role": "user", "content": p.prompt}] for p in prompts]
+    ids = [list(encode(_render(template, c, thinking))[0]) for c in conversations]
     return PreparedBenchmark(name, str(src), file_digest(src), prompts, ids,
-                             template.record(**flags) if template else None, thinking,
-                             str(t / "tokenizer.json"))
+                             template.record(**_flags(thinking)) if template else None, thinking,
+                             str(t / "tokenizer.json"), 1, conversations, template)
+
+
+def answers(report: Mapping[str, Any], count: int) -> list[list[int]]:
+    """Per prompt of a specwire-score JSON report (by prompt_index), the target's completion
+    token ids, without the stop token that ended it."""
+    out: list[Optional[list[int]]] = [None] * count
+    for p in report.get("prompts", []):
+        i = int(p["prompt_index"])
+        ids = p.get("completion_token_ids")
+        if not 0 <= i < count or ids is None:
+            raise RuntimeError(f"prompt {i}: the report has no completion_token_ids (a prompt "
+                               "resumed from a results journal has none); a later turn needs "
+                               "the target's answer")
+        ids = [int(t) for t in ids]
+        if p.get("finish_reason") == "stop_token" and ids:
+            ids = ids[:-1]
+        out[i] = ids
+    missing = [i for i, a in enumerate(out) if a is None]
+    if missing:
+        raise RuntimeError(f"the report has no result for prompts {missing[:8]}")
+    return out  # type: ignore[return-value]
+
+
+def next_turn(b: PreparedBenchmark, completions: Sequence[Sequence[int]]
+              ) -> Optional[PreparedBenchmark]:
+    """The prompts of turn b.turn + 1: each of b's conversations that has another user turn,
+    carried on with the target's answer (its completion token ids, decoded without special
+    tokens) and that turn. None when no prompt has one."""
+    from tokenizers import Tokenizer
+    if len(completions) != len(b.prompts):
+        raise ValueError(f"{len(completions)} completions for {len(b.prompts)} prompts")
+    tok = Tokenizer.from_file(b.tokenizer)
+    encode = tokenizer_encoder(tok)
+    prompts, conversations, ids = [], [], []
+    for p, c, done in zip(b.prompts, b.conversations, completions):
+        if len(p.turns) <= b.turn:
+            continue
+        conversation = [*c, {"role": "assistant",
+                             "content": tok.decode(list(done), skip_special_tokens=True)},
+                        {"role": "user", "content": p.turns[b.turn]}]
+        prompts.append(p)
+        conversations.append(conversation)
+        ids.append(list(encode(_render(b.template, conversation, b.thinking))[0]))
+    if not prompts:
+        return None
+    return dataclasses.replace(b, prompts=prompts, input_ids=ids, turn=b.turn + 1,
+                               conversations=conversations)
 
 
 def _interval(v: Any) -> Optional[list[float]]:
@@ -261,7 +332,7 @@ def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optiona
         pf, out = Path(d) / "prompts.json", Path(d) / "report.json"
         pf.write_text(json.dumps(b.input_ids))
         cmd = [str(score_bin), "--extractor" if extractor else "--scorer", extractor or scorer,
-               "--drafter", str(drafter), "--prompts_file", str(pf), "--dataset_label", b.name,
+               "--drafter", str(drafter), "--prompts_file", str(pf), "--dataset_label", b.label,
                f"--max_new_tokens={max_new_tokens}",
                f"--bootstrap_resamples={bootstrap_resamples}", "--quiet", "--json_out", str(out),
                *extra]
@@ -273,7 +344,8 @@ def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optiona
                                f"{r.stderr.strip()[-2000:]}")
         report = json.loads(out.read_text())
     s = report["summary"]
-    return {"benchmark": b.name, "prompts": int(s["responses"]), "steps": int(s["steps"]),
+    return {"benchmark": b.name, "turn": b.turn, "prompts": int(s["responses"]),
+            "steps": int(s["steps"]),
             "thinking": b.thinking, "tau_mean_of_means": s["tau_mean_of_means"],
             "tau_mean_of_means_ci": _interval(s.get("tau_mean_of_means_ci")),
             "tau_pooled": s["tau_pooled"], "tau_pooled_ci": _interval(s.get("tau_pooled_ci")),
@@ -284,18 +356,36 @@ def score(b: PreparedBenchmark, drafter: Union[str, Path], *, extractor: Optiona
             "provenance": {**(report.get("provenance") or {}), "benchmark_file": b.file,
                            "benchmark_file_digest": b.file_digest,
                            "chat_template": b.record.to_json() if b.record else None,
-                           "thinking": b.thinking, "packages": package_versions()},
+                           "thinking": b.thinking, "turn": b.turn,
+                           "packages": package_versions()},
             "report": report}
+
+
+def score_turns(b: PreparedBenchmark, drafter: Union[str, Path], *, turns: int = 0,
+                **options: Any) -> list[dict[str, Any]]:
+    """score() for b's first turn and each later one (the first `turns` turns; 0: all), each
+    turn's prompts carried on with the answers the target gave in the turn before."""
+    rows: list[dict[str, Any]] = []
+    turn: Optional[PreparedBenchmark] = b
+    while turn is not None and (turns <= 0 or turn.turn <= turns):
+        rows.append(score(turn, drafter, **options))
+        if turns > 0 and turn.turn >= turns:
+            break
+        if all(len(p.turns) <= turn.turn for p in turn.prompts):
+            break
+        turn = next_turn(turn, answers(rows[-1]["report"], len(turn.prompts)))
+    return rows
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     def iv(x):
         return f"[{x[0]:.3f}, {x[1]:.3f}]" if x else ""
-    lines = [f"{'benchmark':12} {'prompts':>7} {'thinking':>8} {'tau':>7} {'95% interval':>16} "
-             f"{'pooled':>7} {'95% interval':>16}  accepted-length histogram (1..B)"]
+    lines = [f"{'benchmark':12} {'turn':>4} {'prompts':>7} {'thinking':>8} {'tau':>7} "
+             f"{'95% interval':>16} {'pooled':>7} {'95% interval':>16}  "
+             "accepted-length histogram (1..B)"]
     for r in rows:
         th = "" if r["thinking"] is None else ("on" if r["thinking"] else "off")
-        lines.append(f"{r['benchmark']:12} {r['prompts']:7d} {th:>8} "
+        lines.append(f"{r['benchmark']:12} {r.get('turn', 1):4d} {r['prompts']:7d} {th:>8} "
                      f"{r['tau_mean_of_means']:7.3f} {iv(r['tau_mean_of_means_ci']):>16} "
                      f"{r['tau_pooled']:7.3f} {iv(r['tau_pooled_ci']):>16}  "
                      + " ".join(str(h) for h in r["histogram"]))
@@ -303,7 +393,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def to_html(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("benchmark", "prompts", "thinking", "τ (mean of "
+    head = "".join(f"<th>{h}</th>" for h in ("benchmark", "turn", "prompts", "thinking",
+                                             "τ (mean of "
                                                 "means)", "95%", "τ pooled", "95%",
                                                 "histogram", "file digest"))
     body = []
@@ -311,7 +402,8 @@ def to_html(rows: Sequence[Mapping[str, Any]]) -> str:
         def iv(x):
             return f"[{x[0]:.3f}, {x[1]:.3f}]" if x else ""
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            r["benchmark"], r["prompts"], r["thinking"], f"{r['tau_mean_of_means']:.3f}",
+            r["benchmark"], r.get("turn", 1), r["prompts"], r["thinking"],
+            f"{r['tau_mean_of_means']:.3f}",
             iv(r["tau_mean_of_means_ci"]), f"{r['tau_pooled']:.3f}", iv(r["tau_pooled_ci"]),
             " ".join(map(str, r["histogram"])), r["provenance"]["benchmark_file_digest"])) +
             "</tr>")
@@ -330,6 +422,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--scorer")
     ap.add_argument("--thinking", choices=("on", "off"), help="the template's enable_thinking")
     ap.add_argument("--max_prompts", type=int, default=0)
+    ap.add_argument("--turns", type=int, default=0,
+                    help="score the first N user turns of multi-turn benchmarks (0: all)")
     ap.add_argument("--max_new_tokens", type=int, default=256)
     ap.add_argument("--bootstrap_resamples", type=int, default=1000)
     ap.add_argument("--score", default=str(SCORE))
@@ -337,15 +431,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--html")
     a = ap.parse_args(argv)
     thinking = None if a.thinking is None else a.thinking == "on"
+    if a.turns < 0:
+        print("benchmarks: --turns: expected 0 (all) or a positive count", file=sys.stderr)
+        return 2
     rows = []
     try:
         for spec in a.benchmark:
             name, _, path = spec.partition("=")
             b = prepare(name, path or None, a.target, thinking=thinking,
                         max_prompts=a.max_prompts)
-            rows.append(score(b, a.drafter, extractor=a.extractor, scorer=a.scorer,
-                              max_new_tokens=a.max_new_tokens,
-                              bootstrap_resamples=a.bootstrap_resamples, score_bin=a.score))
+            rows += score_turns(b, a.drafter, turns=a.turns, extractor=a.extractor,
+                                scorer=a.scorer, max_new_tokens=a.max_new_tokens,
+                                bootstrap_resamples=a.bootstrap_resamples, score_bin=a.score)
     except (BenchmarkFormatError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"benchmarks: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 #include "services/scorer/job/score_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,12 @@ std::string TrajectoryDigest(const std::vector<int64_t>& tokens) {
   d.Update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(tokens.data()),
                                       tokens.size() * sizeof(int64_t)));
   return d.Hex();
+}
+
+std::vector<int64_t> CompletionTokens(const PromptScore& s) {
+  const auto prompt = static_cast<size_t>(std::max<int64_t>(s.acceptance.prompt_tokens, 0));
+  if (s.trajectory.empty() || s.trajectory.size() < prompt) return s.completion_tokens;
+  return {s.trajectory.begin() + static_cast<std::ptrdiff_t>(prompt), s.trajectory.end()};
 }
 
 double MeanStepLength(const std::vector<int32_t>& lengths) {

@@ -115,11 +115,18 @@ struct PromptScore {
   // The trajectory itself (prompt + completion token ids), in-process only (not sent, not
   // journaled): continuous evaluation keeps it to pair checkpoints on a common prefix.
   std::vector<int64_t> trajectory;
+  // The completion alone, as the scorer service sends it (PromptResult.completion_token_ids),
+  // where the trajectory is not known; CompletionTokens() reads whichever is there.
+  std::vector<int64_t> completion_tokens;
   double tau = 0;                 // mean of the step lengths (0 without steps)
   // Read back from the results journal (scored by an earlier run of the job): reported again,
   // but not counted again in metrics.
   bool resumed = false;
 };
+
+// The response's completion token ids: the trajectory's tail past the prompt, else
+// completion_tokens (a score received from the scorer service); empty when neither is known.
+std::vector<int64_t> CompletionTokens(const PromptScore& s);
 
 // xxh3-128 of token ids (little-endian int64), "xxh3-128:<hex>".
 std::string TrajectoryDigest(const std::vector<int64_t>& tokens);

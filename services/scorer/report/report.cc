@@ -447,6 +447,10 @@ std::string ReportToJson(const ScoreReport& r) {
                   {"tau", p.acceptance.step_lengths.empty() ? json(nullptr) : json(p.tau)},
                   {"step_lengths", p.acceptance.step_lengths},
                   {"ddtree_step_lengths", dd}};
+    // What the target answered (absent for a prompt resumed from a results journal).
+    if (std::vector<int64_t> c = CompletionTokens(p); !c.empty()) {
+      entry["completion_token_ids"] = std::move(c);
+    }
     if (const std::optional<PredictedAcceptance>& pa = p.acceptance.predicted) {
       json cuts = json::array();
       for (const auto& [cutoff, lengths] : pa->cut_step_lengths) {
