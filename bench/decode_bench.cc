@@ -37,6 +37,7 @@
 #include "common/models/kernel_set.h"
 #include "common/models/linear.h"
 #include "common/models/loader.h"
+#include "common/models/staggered_schedule.h"
 #include "common/models/torch_util.h"
 #include "nlohmann/json.hpp"
 
@@ -71,47 +72,20 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-GenerateOptions NoStops(int64_t max_new_tokens) {
-  GenerateOptions o;
-  o.max_new_tokens = max_new_tokens;
-  o.use_config_eos = false;
-  return o;
-}
-
 std::vector<int64_t> RandomPrompt(std::mt19937_64& g, int64_t len, int64_t vocab) {
   std::vector<int64_t> p(len);
   for (int64_t& t : p) t = static_cast<int64_t>(g() % vocab);
   return p;
 }
 
-// The logits of every step, as bits on the host.
-using Steps = std::vector<at::Tensor>;
-
-Steps DecodeAlone(DecoderModel& model, const std::vector<int64_t>& prompt, int64_t new_tokens) {
-  auto seq = GreedySequence::Start(model, prompt, NoStops(new_tokens));
-  TORCH_CHECK(seq.ok(), seq.status().ToString());
-  Steps logits;
-  while ((*seq)->pending_prompt_tokens() > 0) (*seq)->PrefillChunk();
-  logits.push_back((*seq)->last_logits().cpu());
-  while ((*seq)->decoding()) {
-    DecodeStep(model, {seq->get()});
-    logits.push_back((*seq)->last_logits().cpu());
-  }
-  return logits;
-}
-
-// The batched schedule of common/models/batched_decode_test.cc at a larger scale: arrivals at
-// staggered steps, one pending prompt advancing by a prefill chunk per step, every decoding
-// sequence one token per step in a shuffled row order.
+// The batched schedule of common/models/batched_decode_test.cc (staggered_schedule.h) at a
+// larger scale: arrivals at staggered steps, one pending prompt advancing by a prefill chunk per
+// step, every decoding sequence one token per step in a shuffled row order.
 json Invariance(DecoderModel& model) {
   const int64_t n = absl::GetFlag(FLAGS_cases), seed = absl::GetFlag(FLAGS_seed);
   const int64_t vocab = model.config().vocab_size, longest = absl::GetFlag(FLAGS_max_prompt);
   std::mt19937_64 g(static_cast<uint64_t>(seed));
-  struct Case {
-    std::vector<int64_t> prompt;
-    int64_t new_tokens, arrival;
-  };
-  std::vector<Case> cases;
+  std::vector<StaggeredCase> cases;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = (g() % 3 == 0) ? 1 + static_cast<int64_t>(g() % longest)
                                        : 1 + static_cast<int64_t>(g() % 48);
@@ -119,41 +93,16 @@ json Invariance(DecoderModel& model) {
                      static_cast<int64_t>(g() % 10)});
   }
   const auto t0 = Clock::now();
-  std::vector<Steps> alone;
-  for (const Case& c : cases) alone.push_back(DecodeAlone(model, c.prompt, c.new_tokens));
-  std::vector<std::unique_ptr<GreedySequence>> seqs(cases.size());
-  std::vector<Steps> batched(cases.size());
-  int64_t max_rows = 0;
-  for (int64_t step = 0; step < 10000; ++step) {
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (cases[i].arrival == step) {
-        auto s = GreedySequence::Start(model, cases[i].prompt, NoStops(cases[i].new_tokens));
-        TORCH_CHECK(s.ok(), s.status().ToString());
-        seqs[i] = std::move(*s);
-      }
-    }
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (seqs[i] && seqs[i]->pending_prompt_tokens() > 0) {
-        seqs[i]->PrefillChunk();
-        if (seqs[i]->pending_prompt_tokens() == 0)
-          batched[i].push_back(seqs[i]->last_logits().cpu());
-        break;
-      }
-    }
-    std::vector<size_t> rows;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (seqs[i] && seqs[i]->decoding() && !batched[i].empty()) rows.push_back(i);
-    }
-    std::shuffle(rows.begin(), rows.end(), g);
-    std::vector<GreedySequence*> batch;
-    for (size_t i : rows) batch.push_back(seqs[i].get());
-    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(batch.size()));
-    DecodeStep(model, batch);
-    for (size_t i : rows) batched[i].push_back(seqs[i]->last_logits().cpu());
-    bool done = true;
-    for (size_t i = 0; i < cases.size(); ++i) done &= seqs[i] && seqs[i]->finished();
-    if (done) break;
+  std::vector<StepLogits> alone;
+  for (const StaggeredCase& c : cases) {
+    absl::StatusOr<StepLogits> logits = DecodeAlone(model, c);
+    TORCH_CHECK(logits.ok(), logits.status().ToString());
+    alone.push_back(*std::move(logits));
   }
+  absl::StatusOr<StaggeredRun> run = RunStaggered(model, cases, g, 10000);
+  TORCH_CHECK(run.ok(), run.status().ToString());
+  const std::vector<StepLogits>& batched = run->logits;
+  const int64_t max_rows = run->max_rows;
   int64_t steps = 0, differing = 0, token_differences = 0;
   double max_abs = 0;
   std::string first;

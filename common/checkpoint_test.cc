@@ -13,18 +13,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace specwire {
 namespace {
-
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view part : parts) {
-    EXPECT_TRUE(absl::StrContains(s.message(), part)) << "\"" << part << "\" not in: " << s;
-  }
-}
 
 class CheckpointTest : public ::testing::Test {
  protected:

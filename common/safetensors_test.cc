@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace specwire {
@@ -53,14 +54,6 @@ std::vector<std::byte> Pattern(size_t n, int seed) {
   std::vector<std::byte> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 7 + seed) & 0xff);
   return v;
-}
-
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view part : parts) {
-    EXPECT_TRUE(absl::StrContains(s.message(), part)) << "\"" << part << "\" not in: " << s;
-  }
 }
 
 class SafetensorsTest : public ::testing::Test {

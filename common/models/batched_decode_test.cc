@@ -12,16 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/models/generate.h"
+#include "common/models/staggered_schedule.h"
 #include "common/models/test_models.h"
 
 namespace specwire {
 namespace {
 
-struct Case {
-  std::vector<int64_t> prompt;
-  int64_t max_new_tokens = 0;
-  int64_t arrival = 0;  // step of the batched schedule at which it is submitted
-};
+using Case = StaggeredCase;
 
 std::vector<Case> RandomCases(uint64_t seed, int64_t vocab, int n, int arrival_steps) {
   std::mt19937_64 g(seed);
@@ -36,69 +33,22 @@ std::vector<Case> RandomCases(uint64_t seed, int64_t vocab, int n, int arrival_s
   return cases;
 }
 
-GenerateOptions NoStops(int64_t max_new_tokens) {
-  GenerateOptions o;
-  o.max_new_tokens = max_new_tokens;
-  o.use_config_eos = false;
-  return o;
-}
-
-// Every step's logits of one sequence decoded alone.
-std::vector<at::Tensor> Alone(DecoderModel& model, const Case& c) {
-  auto seq = GreedySequence::Start(model, c.prompt, NoStops(c.max_new_tokens));
-  EXPECT_TRUE(seq.ok()) << seq.status();
-  std::vector<at::Tensor> logits;
-  while ((*seq)->pending_prompt_tokens() > 0) (*seq)->PrefillChunk();
-  logits.push_back((*seq)->last_logits());
-  while ((*seq)->decoding()) {
-    DecodeStep(model, {seq->get()});
-    logits.push_back((*seq)->last_logits());
-  }
-  return logits;
-}
-
 void ExpectBatchInvariant(DecoderModel& model, uint64_t seed, const std::string& what,
                           int sequences = 9, int arrival_steps = 12, int64_t min_rows = 3) {
   const std::vector<Case> cases =
       RandomCases(seed, model.config().vocab_size, sequences, arrival_steps);
-  std::vector<std::vector<at::Tensor>> alone;
-  for (const Case& c : cases) alone.push_back(Alone(model, c));
-
-  // The batched schedule: at each step, arrivals start; one pending prompt advances by one
-  // prefill chunk; every decoding sequence takes one step, in a shuffled row order.
-  std::mt19937_64 g(seed + 1);
-  std::vector<std::unique_ptr<GreedySequence>> seqs(cases.size());
-  std::vector<std::vector<at::Tensor>> batched(cases.size());
-  int64_t max_rows = 0;
-  for (int64_t step = 0; step < 1000; ++step) {
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (cases[i].arrival == step) {
-        auto s = GreedySequence::Start(model, cases[i].prompt, NoStops(cases[i].max_new_tokens));
-        ASSERT_TRUE(s.ok()) << s.status();
-        seqs[i] = std::move(*s);
-      }
-    }
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (seqs[i] && seqs[i]->pending_prompt_tokens() > 0) {
-        seqs[i]->PrefillChunk();
-        if (seqs[i]->pending_prompt_tokens() == 0) batched[i].push_back(seqs[i]->last_logits());
-        break;
-      }
-    }
-    std::vector<size_t> rows;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (seqs[i] && seqs[i]->decoding() && !batched[i].empty()) rows.push_back(i);
-    }
-    std::shuffle(rows.begin(), rows.end(), g);
-    std::vector<GreedySequence*> batch;
-    for (size_t i : rows) batch.push_back(seqs[i].get());
-    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(batch.size()));
-    DecodeStep(model, batch);
-    for (size_t i : rows) batched[i].push_back(seqs[i]->last_logits());
-    bool done = true;
-    for (size_t i = 0; i < cases.size(); ++i) done &= seqs[i] && seqs[i]->finished();
-    if (done) break;
+  std::vector<StepLogits> alone;
+  for (const Case& c : cases) {
+    absl::StatusOr<StepLogits> logits = DecodeAlone(model, c);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    alone.push_back(*std::move(logits));
   }
+  std::mt19937_64 g(seed + 1);
+  absl::StatusOr<StaggeredRun> run = RunStaggered(model, cases, g, 1000);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::vector<StepLogits>& batched = run->logits;
+  const std::vector<std::unique_ptr<GreedySequence>>& seqs = run->sequences;
+  const int64_t max_rows = run->max_rows;
   EXPECT_GE(max_rows, min_rows) << what << ": the schedule should decode several rows at once";
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_TRUE(seqs[i] && seqs[i]->finished()) << what << " case " << i;

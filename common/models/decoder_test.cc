@@ -289,33 +289,52 @@ std::vector<CacheCase> CacheCases() {
 
 const std::vector<int64_t> kTen = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
 
+// A cache case's model and its uncached forward of kTen with every tap.
+struct FullForward {
+  std::unique_ptr<DecoderModel> model;
+  at::Tensor ids;
+  CaptureSpec taps;
+  CapturedStates states;
+  at::Tensor logits;
+};
+
+FullForward RunFullForward(const CacheCase& c, LogitsMode logits) {
+  FullForward f;
+  f.model = RandomModel(c.config);
+  f.ids = Tokens(kTen);
+  f.taps = AllTaps(*f.model);
+  f.logits = f.model->Forward(f.ids, nullptr, f.taps, &f.states, logits);
+  return f;
+}
+
+// A cached forward's states of positions [start, start + len) against the full forward's.
+void ExpectStatesMatch(const CapturedStates& part, const FullForward& f, int64_t start,
+                       int64_t len) {
+  for (int64_t l = 0; l < f.model->num_layers(); ++l) {
+    EXPECT_LE(RelDiff(part.layers.at(l), f.states.layers.at(l).narrow(1, start, len)), 1e-5)
+        << "layer " << l;
+  }
+  EXPECT_LE(RelDiff(part.final_norm, f.states.final_norm.narrow(1, start, len)), 1e-5);
+}
+
 TEST(KvCacheTest, LastTokenStepMatchesFullForward) {
   c10::InferenceMode inference;
   for (const CacheCase& c : CacheCases()) {
     SCOPED_TRACE(c.name);
-    auto model = RandomModel(c.config);
+    const FullForward f = RunFullForward(c, LogitsMode::kLast);
     const int64_t N = static_cast<int64_t>(kTen.size());
-    at::Tensor ids = Tokens(kTen);
-    const CaptureSpec taps = AllTaps(*model);
+    ASSERT_EQ(f.logits.sizes(), at::IntArrayRef({1, 32}));
 
-    CapturedStates full;
-    at::Tensor full_logits = model->Forward(ids, nullptr, taps, &full, LogitsMode::kLast);
-    ASSERT_EQ(full_logits.sizes(), at::IntArrayRef({1, 32}));
-
-    auto cache = model->NewCache(1, N);
-    model->Forward(ids.narrow(1, 0, N - 1), cache.get(), {}, nullptr, LogitsMode::kNone);
+    auto cache = f.model->NewCache(1, N);
+    f.model->Forward(f.ids.narrow(1, 0, N - 1), cache.get(), {}, nullptr, LogitsMode::kNone);
     EXPECT_EQ(cache->length, N - 1);
     CapturedStates step;
     at::Tensor step_logits =
-        model->Forward(ids.narrow(1, N - 1, 1), cache.get(), taps, &step, LogitsMode::kLast);
+        f.model->Forward(f.ids.narrow(1, N - 1, 1), cache.get(), f.taps, &step, LogitsMode::kLast);
     EXPECT_EQ(cache->length, N);
 
-    EXPECT_LE(RelDiff(step_logits, full_logits), 1e-5);
-    for (int64_t l = 0; l < model->num_layers(); ++l) {
-      EXPECT_LE(RelDiff(step.layers.at(l), full.layers.at(l).narrow(1, N - 1, 1)), 1e-5)
-          << "layer " << l;
-    }
-    EXPECT_LE(RelDiff(step.final_norm, full.final_norm.narrow(1, N - 1, 1)), 1e-5);
+    EXPECT_LE(RelDiff(step_logits, f.logits), 1e-5);
+    ExpectStatesMatch(step, f, N - 1, 1);
   }
 }
 
@@ -323,28 +342,20 @@ TEST(KvCacheTest, ChunkedPrefillMatchesFullForward) {
   c10::InferenceMode inference;
   for (const CacheCase& c : CacheCases()) {
     SCOPED_TRACE(c.name);
-    auto model = RandomModel(c.config);
+    const FullForward f = RunFullForward(c, LogitsMode::kAll);
     const int64_t N = static_cast<int64_t>(kTen.size());
-    at::Tensor ids = Tokens(kTen);
-    const CaptureSpec taps = AllTaps(*model);
-    CapturedStates full;
-    at::Tensor full_logits = model->Forward(ids, nullptr, taps, &full, LogitsMode::kAll);
 
     // Chunks 3 + 4 + 2 + 1: past > 0 with T > 1, crossing the sliding window.
-    auto cache = model->NewCache(1, N + 2);  // spare capacity is fine
+    auto cache = f.model->NewCache(1, N + 2);  // spare capacity is fine
     int64_t start = 0;
     for (int64_t len : {3, 4, 2, 1}) {
       SCOPED_TRACE(absl::StrCat("chunk at ", start));
       CapturedStates part;
-      at::Tensor logits =
-          model->Forward(ids.narrow(1, start, len), cache.get(), taps, &part, LogitsMode::kAll);
-      EXPECT_LE(RelDiff(logits, full_logits.narrow(1, start, len)), 1e-5);
-      EXPECT_LE(RelDiff(part.embedding, full.embedding.narrow(1, start, len)), 0);
-      for (int64_t l = 0; l < model->num_layers(); ++l) {
-        EXPECT_LE(RelDiff(part.layers.at(l), full.layers.at(l).narrow(1, start, len)), 1e-5)
-            << "layer " << l;
-      }
-      EXPECT_LE(RelDiff(part.final_norm, full.final_norm.narrow(1, start, len)), 1e-5);
+      at::Tensor logits = f.model->Forward(f.ids.narrow(1, start, len), cache.get(), f.taps,
+                                           &part, LogitsMode::kAll);
+      EXPECT_LE(RelDiff(logits, f.logits.narrow(1, start, len)), 1e-5);
+      EXPECT_LE(RelDiff(part.embedding, f.states.embedding.narrow(1, start, len)), 0);
+      ExpectStatesMatch(part, f, start, len);
       start += len;
     }
     EXPECT_EQ(cache->length, N);

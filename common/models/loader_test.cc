@@ -22,18 +22,11 @@
 #include "common/models/linear.h"
 #include "common/models/torch_util.h"
 #include "common/safetensors.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace specwire {
 namespace {
-
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::initializer_list<absl::string_view> parts) {
-  EXPECT_EQ(s.code(), code) << s;
-  for (absl::string_view part : parts) {
-    EXPECT_TRUE(absl::StrContains(s.message(), part)) << "\"" << part << "\" not in: " << s;
-  }
-}
 
 // A 2-layer Qwen3 small enough to build in microseconds: GQA (2 query heads, 1 KV head) and a
 // head_dim that is not hidden / heads, as in the real Qwen3 models.

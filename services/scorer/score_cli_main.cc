@@ -204,15 +204,6 @@ class ProgressDisplay {
   std::chrono::steady_clock::time_point last_{};
 };
 
-std::string NowUtc() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // "T[:top_p[:top_k]],...".
 absl::StatusOr<std::vector<SamplingSetting>> ParseSamplingSettings(absl::string_view flag) {
   std::vector<SamplingSetting> out;
@@ -321,7 +312,7 @@ std::string RandomJobId() {
 
 ScoreReport NewReport(const ScoreSpec& spec) {
   ScoreReport r;
-  r.created = NowUtc();
+  r.created = UtcNow();
   r.drafter_path = spec.drafter_path;
   r.dataset_path = spec.dataset_path;
   r.max_new_tokens = spec.max_new_tokens;

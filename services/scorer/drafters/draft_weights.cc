@@ -9,12 +9,10 @@
 
 namespace specwire {
 
-absl::Status LoadDraftWeights(
-    const Checkpoint& checkpoint, const std::string& dir, const std::string& family,
-    const std::function<void(const WeightVisitor&)>& for_each, at::ScalarType dtype,
-    std::set<std::string>& consumed,
-    const std::function<std::string(const WeightSlot&, const std::string& got,
-                                    const std::string& want)>& shape_error) {
+absl::Status LoadDraftWeights(const Checkpoint& checkpoint, const std::string& dir,
+                              const std::string& family, const WeightWalk& for_each,
+                              at::ScalarType dtype, std::set<std::string>& consumed,
+                              const ShapeErrorMessage& shape_error) {
   std::vector<std::string> missing;
   absl::Status error;
   for_each([&](const WeightSlot& slot) {

@@ -12,14 +12,18 @@
 
 namespace specwire {
 
+// A module's walk over its weight slots.
+using WeightWalk = std::function<void(const WeightVisitor&)>;
+// The message for a misshapen tensor (got and want as "[a, b]"), "" for the default.
+using ShapeErrorMessage =
+    std::function<std::string(const WeightSlot&, const std::string& got, const std::string& want)>;
+
 // Fills every slot `for_each` visits. `family` names the drafter in the missing-tensor error
-// ("drafter", "EAGLE-3"); `shape_error` may give its own message for a misshapen tensor (got and
-// want as "[a, b]"), "" for the default. The names loaded are added to `consumed`.
-absl::Status LoadDraftWeights(
-    const Checkpoint& checkpoint, const std::string& dir, const std::string& family,
-    const std::function<void(const WeightVisitor&)>& for_each, at::ScalarType dtype,
-    std::set<std::string>& consumed,
-    const std::function<std::string(const WeightSlot&, const std::string& got,
-                                    const std::string& want)>& shape_error = nullptr);
+// ("drafter", "EAGLE-3"); `shape_error` may give its own message for a misshapen tensor. The
+// names loaded are added to `consumed`.
+absl::Status LoadDraftWeights(const Checkpoint& checkpoint, const std::string& dir,
+                              const std::string& family, const WeightWalk& for_each,
+                              at::ScalarType dtype, std::set<std::string>& consumed,
+                              const ShapeErrorMessage& shape_error = nullptr);
 
 }  // namespace specwire

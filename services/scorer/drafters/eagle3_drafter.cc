@@ -958,39 +958,14 @@ std::unique_ptr<BlockDrafter> MakeTreeBlockDrafter(const Eagle3Drafter* drafter,
 namespace {
 
 // EAGLE-3 behind the seam (registry.h).
-class Eagle3FamilyDrafter : public Drafter {
+class Eagle3FamilyDrafter : public Eagle3BasedDrafter {
  public:
   Eagle3FamilyDrafter(std::unique_ptr<Eagle3Drafter> drafter, const std::string& dir,
                       std::string config_json)
-      : drafter_(std::move(drafter)) {
-    const Eagle3Config& c = drafter_->config();
-    DrafterSpec& s = spec_;
-    s.path = dir;
-    s.config_json = std::move(config_json);
-    s.method = "eagle3";
-    s.format = Eagle3FormatName(c.format);
-    s.tree = kTreeEagle;
-    s.uses_mask_token = false;
-    s.needs_target_head = !drafter_->has_own_embedding();
-    s.autoregressive = true;
-    s.last_layer_is_final_norm = false;  // the last layer's output, as vLLM and SGLang capture it
-    s.block_size = c.drafts() + 1;       // speculators' speculative_tokens, else the default
-    s.num_layers = c.layers.num_layers;
-    s.hidden_size = c.layers.hidden_size;
-    s.target_hidden_size = c.target_hidden_size;
-    s.vocab_size = c.layers.vocab_size;
-    s.mask_token_id = 0;
-    s.dtype = ScalarTypeName(drafter_->dtype());
-    s.device = drafter_->device().str();
-  }
-  const DrafterSpec& spec() const override { return spec_; }
-  at::ScalarType dtype() const override { return drafter_->dtype(); }
-  const at::Device& device() const override { return drafter_->device(); }
-  absl::Status FitTargetLayers(int64_t target_layers) override {
-    return FitEagle3TargetLayers(*drafter_, target_layers, spec_);
-  }
-  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor&) override {
-    return drafter_->SetTargetEmbedding(embed_tokens);  // the head is its own (draft vocabulary)
+      : Eagle3BasedDrafter(std::move(drafter), dir, std::move(config_json)) {
+    spec_.method = "eagle3";
+    spec_.tree = kTreeEagle;
+    spec_.autoregressive = true;
   }
   std::unique_ptr<BlockDrafter> Chain() override {
     return MakeBlockDrafter(drafter_.get(), spec_.block_size);
@@ -1000,34 +975,48 @@ class Eagle3FamilyDrafter : public Drafter {
     return MakeTreeBlockDrafter(drafter_.get(), Eagle3TreeOptions{trees.depth, trees.top_k, budget},
                                 record);
   }
-  Eagle3Drafter& drafter() { return *drafter_; }
-
- private:
-  std::unique_ptr<Eagle3Drafter> drafter_;
-  DrafterSpec spec_;
 };
-
-absl::StatusOr<std::optional<std::string>> DetectEagle3Family(const json& config,
-                                                              const std::string& source) {
-  return Eagle3FormatOf(DetectEagle3(config.dump(), source));
-}
-
-absl::StatusOr<std::unique_ptr<Drafter>> LoadEagle3Family(const std::string& dir,
-                                                          const std::string&, at::ScalarType dtype,
-                                                          const at::Device& device) {
-  return MakeFamilyDrafter<Eagle3FamilyDrafter>(dir, Eagle3Drafter::Load(dir, dtype, device));
-}
 
 }  // namespace
 
-absl::Status FitEagle3TargetLayers(Eagle3Drafter& drafter, int64_t target_layers,
-                                   DrafterSpec& spec) {
-  Eagle3Config& c = drafter.mutable_config();
+Eagle3BasedDrafter::Eagle3BasedDrafter(std::unique_ptr<Eagle3Drafter> drafter,
+                                       const std::string& dir, std::string config_json)
+    : drafter_(std::move(drafter)) {
+  const Eagle3Config& c = drafter_->config();
+  DrafterSpec& s = spec_;
+  s.path = dir;
+  s.config_json = std::move(config_json);
+  s.format = Eagle3FormatName(c.format);
+  s.uses_mask_token = false;
+  s.mask_token_id = 0;
+  s.needs_target_head = !drafter_->has_own_embedding();
+  s.last_layer_is_final_norm = false;  // the last layer's output, as vLLM and SGLang capture it
+  s.block_size = c.drafts() + 1;       // speculators' speculative_tokens, else the default
+  s.num_layers = c.layers.num_layers;
+  s.hidden_size = c.layers.hidden_size;
+  s.target_hidden_size = c.target_hidden_size;
+  s.vocab_size = c.layers.vocab_size;
+  s.dtype = ScalarTypeName(drafter_->dtype());
+  s.device = drafter_->device().str();
+}
+
+at::ScalarType Eagle3BasedDrafter::dtype() const { return drafter_->dtype(); }
+
+const at::Device& Eagle3BasedDrafter::device() const { return drafter_->device(); }
+
+absl::Status Eagle3BasedDrafter::FitTargetLayers(int64_t target_layers) {
+  Eagle3Config& c = drafter_->mutable_config();
   absl::Status fit = c.ResolveTargetLayers(target_layers);
   if (!fit.ok()) return absl::FailedPreconditionError(fit.message());
-  spec.target_layer_ids = c.target_layer_ids;
-  spec.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size;
+  spec_.target_layer_ids = c.target_layer_ids;
+  spec_.fc_in_features = static_cast<int64_t>(c.target_layer_ids.size()) * c.target_hidden_size;
   return absl::OkStatus();
+}
+
+absl::Status Eagle3BasedDrafter::SetTargetHead(const at::Tensor& embed_tokens,
+                                               const at::Tensor& lm_head) {
+  (void)lm_head;  // the head is its own (draft vocabulary)
+  return drafter_->SetTargetEmbedding(embed_tokens);
 }
 
 absl::StatusOr<std::optional<std::string>> Eagle3FormatOf(
@@ -1039,7 +1028,8 @@ absl::StatusOr<std::optional<std::string>> Eagle3FormatOf(
 
 const DrafterFamily& Eagle3Family() {
   static const DrafterFamily f{"eagle3", "EAGLE-3 (speculators and SpecForge formats)",
-                               &DetectEagle3Family, &LoadEagle3Family};
+                               &DetectEagle3Based<&DetectEagle3>,
+                               &LoadEagle3Based<Eagle3FamilyDrafter>};
   return f;
 }
 

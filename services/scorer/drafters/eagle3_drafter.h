@@ -196,12 +196,45 @@ std::unique_ptr<BlockDrafter> MakeTreeBlockDrafter(const Eagle3Drafter* drafter,
 // The family row (registry.h).
 const DrafterFamily& Eagle3Family();
 
-// Drafter::FitTargetLayers for the families built on Eagle3Drafter (EAGLE-3, P-EAGLE): resolves
-// its auxiliary layers for a target of `target_layers` layers and records them in `spec`.
-absl::Status FitEagle3TargetLayers(Eagle3Drafter& drafter, int64_t target_layers,
-                                   DrafterSpec& spec);
-// DrafterFamily::detect of those families: `detected` as the format's name.
+// The Drafter of the families built on Eagle3Drafter (EAGLE-3, P-EAGLE): the spec its config
+// gives, its auxiliary layers resolved for the target's depth, the target's embedding (the head
+// is its own, over the draft vocabulary). A family sets its method, tree and drafting shape in
+// the spec and gives Chain() (and Tree()).
+class Eagle3BasedDrafter : public Drafter {
+ public:
+  Eagle3BasedDrafter(std::unique_ptr<Eagle3Drafter> drafter, const std::string& dir,
+                     std::string config_json);
+  const DrafterSpec& spec() const override { return spec_; }
+  at::ScalarType dtype() const override;
+  const at::Device& device() const override;
+  absl::Status FitTargetLayers(int64_t target_layers) override;
+  absl::Status SetTargetHead(const at::Tensor& embed_tokens, const at::Tensor& lm_head) override;
+  Eagle3Drafter& drafter() { return *drafter_; }
+
+ protected:
+  std::unique_ptr<Eagle3Drafter> drafter_;
+  DrafterSpec spec_;
+};
+
+// DrafterFamily::detect of those families: the format Detect (DetectEagle3, DetectPEagle) finds
+// in the config, by name.
 absl::StatusOr<std::optional<std::string>> Eagle3FormatOf(
     absl::StatusOr<std::optional<Eagle3Format>> detected);
+template <absl::StatusOr<std::optional<Eagle3Format>> (*Detect)(const std::string&,
+                                                                const std::string&)>
+absl::StatusOr<std::optional<std::string>> DetectEagle3Based(const nlohmann::json& config,
+                                                             const std::string& source) {
+  return Eagle3FormatOf(Detect(config.dump(), source));
+}
+
+// DrafterFamily::load of those families: Eagle3Drafter::Load wrapped in FamilyDrafter.
+template <typename FamilyDrafter>
+absl::StatusOr<std::unique_ptr<Drafter>> LoadEagle3Based(const std::string& dir,
+                                                         const std::string& format,
+                                                         at::ScalarType dtype,
+                                                         const at::Device& device) {
+  (void)format;  // the loader reads the format from the config itself
+  return MakeFamilyDrafter<FamilyDrafter>(dir, Eagle3Drafter::Load(dir, dtype, device));
+}
 
 }  // namespace specwire

@@ -146,6 +146,16 @@ absl::Status DigestFileInto(const fs::path& path, ContentDigest& d) {
   return absl::OkStatus();
 }
 
+// The recorded result of checkpoint `c` on `label` that stands (scored, or failed on these very
+// files: a retry would fail again), marked from_database; nullopt when it must be scored.
+absl::StatusOr<std::optional<CheckpointResult>> Settled(ResultsDb& db, const CheckpointRef& c,
+                                                        const std::string& label) {
+  SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, db.Find(c.run, c.step, label));
+  if (!row || (row->status != "ok" && row->fingerprint != c.fingerprint)) return std::nullopt;
+  row->from_database = true;
+  return row;
+}
+
 }  // namespace
 
 absl::Status CheckCheckpointComplete(const std::string& dir) {
@@ -232,8 +242,8 @@ absl::Status ContinuousEvaluator::Store(const CheckpointResult& r) {
 
 absl::StatusOr<bool> ContinuousEvaluator::AllRecorded(const CheckpointRef& c) {
   for (const EvalSet& set : options_.eval_sets) {
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, db_->Find(c.run, c.step, set.label));
-    if (!row || (row->status != "ok" && row->fingerprint != c.fingerprint)) return false;
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, Settled(*db_, c, set.label));
+    if (!row) return false;
   }
   return true;
 }
@@ -243,9 +253,8 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
   std::vector<CheckpointResult> out;
   std::string digest;
   for (const EvalSet& set : options_.eval_sets) {
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, db_->Find(c.run, c.step, set.label));
-    if (row && (row->status == "ok" || row->fingerprint == c.fingerprint)) {
-      row->from_database = true;
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, Settled(*db_, c, set.label));
+    if (row) {
       out.push_back(*std::move(row));
       continue;
     }
@@ -307,9 +316,8 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::RecordFailure
     const CheckpointRef& c, const absl::Status& error) {
   std::vector<CheckpointResult> out;
   for (const EvalSet& set : options_.eval_sets) {
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, db_->Find(c.run, c.step, set.label));
-    if (row && (row->status == "ok" || row->fingerprint == c.fingerprint)) {
-      row->from_database = true;
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointResult> row, Settled(*db_, c, set.label));
+    if (row) {
       out.push_back(*std::move(row));
       continue;
     }

@@ -115,10 +115,29 @@ absl::StatusOr<Trajectory> TrajectoryFromReply(GenerateReply& reply,
   }
   return t;
 }
+namespace {
+
+// A lock, its condition variable and a stop flag; Stop() wakes every waiter.
+class Stoppable {
+ public:
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_all();
+  }
+
+ protected:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
 // Trajectories fetched by the extractor threads, handed to the replay thread. A fetcher takes a
 // slot before it calls Generate and the replay returns it after taking the trajectory, so at most
 // `slots` trajectories (fetched or in flight) exist at once.
-class TrajectoryFetcher::Queue {
+class TrajectoryFetcher::Queue : public Stoppable {
  public:
   using Item = FetchedTrajectory;
 
@@ -153,18 +172,10 @@ class TrajectoryFetcher::Queue {
     cv_.notify_all();
     return item;
   }
-  void Stop() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopped_ = true;
-    cv_.notify_all();
-  }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<Item> items_;
   int64_t free_slots_;
-  bool stopped_ = false;
 };
 
 // The prompts a job still has to fetch: fresh ones in index order, and those whose fetch failed
@@ -173,7 +184,7 @@ class TrajectoryFetcher::Queue {
 // extractor that used up its attempts at a prompt leaves it to the others, and the prompt fails
 // only once every extractor of the job did. A fetcher waits for work while another one's prompt
 // is in flight: that prompt may still come back for a retry.
-class TrajectoryFetcher::Tasks {
+class TrajectoryFetcher::Tasks : public Stoppable {
  public:
   struct Task {
     int64_t index = 0;
@@ -233,21 +244,13 @@ class TrajectoryFetcher::Tasks {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return stopped_; });
   }
-  void Stop() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopped_ = true;
-    cv_.notify_all();
-  }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
   const std::vector<int64_t> todo_;
   const int max_attempts_;
   size_t next_ = 0;
   std::deque<Task> retry_;
   int64_t in_flight_ = 0;
-  bool stopped_ = false;
 };
 
 TrajectoryFetcher::TrajectoryFetcher(std::vector<ExtractorEndpoint*> endpoints,
