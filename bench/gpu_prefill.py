@@ -32,14 +32,9 @@ from pathlib import Path
 
 import torch
 
-ANCHOR_TOK_S = 27_000  # SpecForge capture server, Qwen3-8B features, one H200
+from gpu_decode import QWEN3_8B  # Qwen3-8B's config.json, the decode driver's too
 
-QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936,
-                hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
-                torch_dtype="bfloat16")
+ANCHOR_TOK_S = 27_000  # SpecForge capture server, Qwen3-8B features, one H200
 
 
 def qwen36_27b(layers: int) -> dict:

@@ -19,16 +19,11 @@
 #   and scripts/gpu_env.sh's (SPECWIRE_PYTHON, SPECWIRE_TORCH_DIR, SPECWIRE_GPU_BUILD, ...)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-ROOT=$PWD
-T0=$(date +%s)
-LOG_DIR=${SPECWIRE_GPU_LOG_DIR:-${OUT:-$ROOT/build/gpu-out}}
-mkdir -p "$LOG_DIR"
-: > "$LOG_DIR/commands.log"
 # shellcheck source=scripts/gpu_env.sh
-. "$ROOT/scripts/gpu_env.sh"
+. scripts/gpu_env.sh
+: > "$LOG_DIR/commands.log"
 
 main() {
-gpu_env_setup "$LOG_DIR"
 # ---- checks ----------------------------------------------------------------------------------
 if [ "$DEVICE" = cuda ]; then
   SEQ_LENS=${SPECWIRE_GPU_CHECK_SEQ_LENS:-512,2048,8192}; REPS=5; LONG=2048
@@ -42,10 +37,7 @@ mkdir -p "$BUILD_DIR"
   --ref "$KIT/ref" --out "$LOG_DIR" --work "$BUILD_DIR/gpu-check" \
   --device "$DEVICE" --bench-model "$BUILD_DIR/bench-models/qwen3-100m" --seq-lens "$SEQ_LENS" \
   --reps $REPS --long-len $LONG ${BENCH_ARGS[@]+"${BENCH_ARGS[@]}"}
-status=$?
-log "build ${BUILD_S}s, total $(( $(date +%s) - T0 ))s, status $status (logs: $LOG_DIR)"
-return $status
+gpu_done $? "build ${BUILD_S}s, "
 }
 
-main 2>&1 | tee "$LOG_DIR/gpu_check.log"
-exit "${PIPESTATUS[0]}"
+gpu_main gpu_check.log

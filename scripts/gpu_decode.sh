@@ -10,15 +10,10 @@
 # SPECWIRE_GPU_LOG_DIR, and scripts/gpu_env.sh's.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-ROOT=$PWD
-T0=$(date +%s)
-LOG_DIR=${SPECWIRE_GPU_LOG_DIR:-${OUT:-$ROOT/build/gpu-out}}
-mkdir -p "$LOG_DIR"
 # shellcheck source=scripts/gpu_env.sh
-. "$ROOT/scripts/gpu_env.sh"
+. scripts/gpu_env.sh
 
 main() {
-  gpu_env_setup "$LOG_DIR"
   local args=()
   [ "$DEVICE" = cuda ] || args+=(--device cpu --device-name cpu --small --batches 1,4
                                  --graph-batches 1 --new-tokens 8)
@@ -28,10 +23,7 @@ main() {
   "$PY" -u bench/gpu_decode.py --bench-decode "$BIN_BENCH_DECODE" --replay "$BIN_REPLAY" \
     --models-tests "${BIN_MODELS_TESTS:-}" --ref "$KIT/ref" --prompts "$KIT/ref/replay_prompts.json" \
     --work "$BUILD_DIR/gpu-decode" --out "$LOG_DIR" ${args[@]+"${args[@]}"}
-  local status=$?
-  log "total $(( $(date +%s) - T0 ))s, status $status (logs: $LOG_DIR)"
-  return $status
+  gpu_done $?
 }
 
-main 2>&1 | tee "$LOG_DIR/gpu_decode.log"
-exit "${PIPESTATUS[0]}"
+gpu_main gpu_decode.log

@@ -2,6 +2,11 @@
 # root on a CUDA host that has the torch wheel but no Debian dev packages and no network. Needs the
 # kit that scripts/gpu_prepare.sh makes on a dev machine (build/gpu-kit).
 #
+# On sourcing: ROOT (the repository root), T0 (the start), LOG_DIR ($SPECWIRE_GPU_LOG_DIR, else
+# $OUT, the device tool's output folder, else build/gpu-out; created). A script defines main(),
+# which ends with `gpu_done $?`, and ends with `gpu_main NAME.log`: gpu_env_setup, then main,
+# their output teed into $LOG_DIR/NAME.log; the script exits with their status.
+#
 # After `gpu_env_setup`:
 #   PY           a python that imports torch; TORCH_DIR its torch package
 #   BIN_EXTRACT, BIN_BENCH_EXTRACT, BIN_BENCH_DECODE, BIN_REPLAY   the engine binaries
@@ -16,7 +21,10 @@
 #                                   scripts on a machine without a GPU)
 #   SPECWIRE_GPU_BUILD=1            build here even when the kit's binaries would do
 #   SPECWIRE_PYTHON, SPECWIRE_TORCH_DIR, SPECWIRE_JOBS, SPECWIRE_GPU_BUILD_DIR
-ROOT=${ROOT:-$PWD}
+ROOT=$PWD
+T0=$(date +%s)
+LOG_DIR=${SPECWIRE_GPU_LOG_DIR:-${OUT:-$ROOT/build/gpu-out}}
+mkdir -p "$LOG_DIR"
 DEVICE=${SPECWIRE_GPU_CHECK_DEVICE:-cuda}
 KIT=$ROOT/build/gpu-kit
 DEPS=$KIT/deps
@@ -25,6 +33,18 @@ JOBS=${SPECWIRE_JOBS:-$(nproc)}
 
 log() { printf '[gpu] %s\n' "$*"; }
 die() { log "ERROR: $*"; exit 2; }
+
+# gpu_main NAME.log: a script's last line (above).
+gpu_main() {
+  { gpu_env_setup "$LOG_DIR"; main; } 2>&1 | tee "$LOG_DIR/$1"
+  exit "${PIPESTATUS[0]}"
+}
+
+# gpu_done STATUS [PREFIX]: main's last line: logs PREFIX, the total time and STATUS; returns it.
+gpu_done() {
+  log "${2:-}total $(( $(date +%s) - T0 ))s, status $1 (logs: $LOG_DIR)"
+  return "$1"
+}
 
 gpu_env_setup() {
   local log_dir=$1

@@ -10,15 +10,10 @@
 # "--hybrid-layers 24"), SPECWIRE_GPU_LOG_DIR, and scripts/gpu_env.sh's.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-ROOT=$PWD
-T0=$(date +%s)
-LOG_DIR=${SPECWIRE_GPU_LOG_DIR:-${OUT:-$ROOT/build/gpu-out}}
-mkdir -p "$LOG_DIR"
 # shellcheck source=scripts/gpu_env.sh
-. "$ROOT/scripts/gpu_env.sh"
+. scripts/gpu_env.sh
 
 main() {
-  gpu_env_setup "$LOG_DIR"
   local args=()
   [ "$DEVICE" = cuda ] || args+=(--device cpu --small --seq-lens 128,256 --tokens-per-batch 1024
                                  --packed-rows 512,1024 --reps 1)
@@ -27,10 +22,7 @@ main() {
   mkdir -p "$BUILD_DIR"
   "$PY" -u bench/gpu_prefill.py --bench "$BIN_BENCH_EXTRACT" --work "$BUILD_DIR/gpu-prefill" \
     --out "$LOG_DIR" ${args[@]+"${args[@]}"}
-  local status=$?
-  log "total $(( $(date +%s) - T0 ))s, status $status (logs: $LOG_DIR)"
-  return $status
+  gpu_done $?
 }
 
-main 2>&1 | tee "$LOG_DIR/gpu_prefill.log"
-exit "${PIPESTATUS[0]}"
+gpu_main gpu_prefill.log

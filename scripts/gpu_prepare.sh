@@ -130,7 +130,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path.cwd() / "tests" / "parity"))
-from hf_fixtures import make_checkpoint  # noqa: E402
+from hf_fixtures import QWEN3_5_TINY, make_checkpoint  # noqa: E402
 
 out = Path(sys.argv[1])
 VOCAB = 512
@@ -140,16 +140,8 @@ g = torch.Generator().manual_seed(1234)
 seqs = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in SEQ_LENS]
 (out / "tokens.json").write_text(json.dumps(seqs))
 
-# Qwen3.5 hybrid: 3 Gated DeltaNet layers + 1 gated full-attention layer; 130 tokens span three
-# 64-token chunks of the chunked delta rule.
-QWEN3_5_TINY = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                    layer_types=["linear_attention"] * 3 + ["full_attention"],
-                    tie_word_embeddings=False,
-                    rope_parameters=dict(rope_type="default", rope_theta=10_000.0,
-                                         partial_rotary_factor=0.25))
+# Qwen3.5 hybrid (hf_fixtures.QWEN3_5_TINY): 3 Gated DeltaNet layers + 1 gated full-attention
+# layer; 130 tokens span three 64-token chunks of the chunked delta rule.
 CHECKPOINTS = [("qwen3_gqa2_tied", None, False), ("llama_rope3_bias", None, False),
                ("qwen3_5_hybrid", QWEN3_5_TINY, True)]
 

@@ -446,15 +446,21 @@ def add_finetune_args(ap, steps: int, log_every: int) -> None:
     ap.add_argument("--log-every", type=int, default=log_every)
 
 
+def served_target(address: str) -> tuple:
+    """The contract of the target served at `address` and its embedding and lm_head as served
+    ({name: tensor}), once the extractor is ready."""
+    with ExtractorClient(address, timeout=120) as client:
+        client.wait_ready(60)
+        return client.model_info(), client.get_tensors(["model.embed_tokens.weight",
+                                                        "lm_head.weight"])
+
+
 def finetune_data(args, layer_ids: list[int], seed: int) -> tuple:
     """What a fine-tuning run (add_finetune_args) trains on, from the extractor args name: the
     target's contract, its embedding and lm_head (fp32), and its self-generated features of the
     drafter's `layer_ids` (prompts drawn with `seed`, completions of 2 tokens or more)."""
     with extractor(args) as address:
-        with ExtractorClient(address, timeout=120) as client:
-            client.wait_ready(60)
-            contract = client.model_info()
-            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
+        contract, tensors = served_target(address)
         taps, final_norm, names = feature_taps(layer_ids, contract.num_layers)
         train = self_generated_features(address, args, taps, final_norm, names, contract,
                                         seed=seed, min_completion=2)

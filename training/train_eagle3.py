@@ -41,9 +41,7 @@ from safetensors.torch import save_file  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_drafter import (add_loop_args, add_target_args, extractor,  # noqa: E402
                            fit_one_sequence_at_a_time, rotary, self_generated_features,
-                           speculators_config, training_log)
-
-from specwire_client import ExtractorClient  # noqa: E402
+                           served_target, speculators_config, training_log)
 
 DECAY = 0.8
 
@@ -51,6 +49,18 @@ DECAY = 0.8
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def projection_tensors(p: str, layer: torch.nn.Module) -> dict:
+    """A decoder layer's attention and MLP projections (its q, k, v, o, gate, up and down
+    Linears) under their Hugging Face names after the prefix `p`, as speculators saves them."""
+    return {p + "self_attn.q_proj.weight": layer.q.weight,
+            p + "self_attn.k_proj.weight": layer.k.weight,
+            p + "self_attn.v_proj.weight": layer.v.weight,
+            p + "self_attn.o_proj.weight": layer.o.weight,
+            p + "mlp.gate_proj.weight": layer.gate.weight,
+            p + "mlp.up_proj.weight": layer.up.weight,
+            p + "mlp.down_proj.weight": layer.down.weight}
 
 
 class Eagle3(torch.nn.Module):
@@ -109,13 +119,7 @@ class Eagle3(torch.nn.Module):
                 p + "input_layernorm.weight": self.input_layernorm,
                 p + "hidden_norm.weight": self.hidden_norm,
                 p + "post_attention_layernorm.weight": self.post_attention_layernorm,
-                p + "self_attn.q_proj.weight": self.q.weight,
-                p + "self_attn.k_proj.weight": self.k.weight,
-                p + "self_attn.v_proj.weight": self.v.weight,
-                p + "self_attn.o_proj.weight": self.o.weight,
-                p + "mlp.gate_proj.weight": self.gate.weight,
-                p + "mlp.up_proj.weight": self.up.weight,
-                p + "mlp.down_proj.weight": self.down.weight,
+                **projection_tensors(p, self),
                 "norm.weight": self.norm, "lm_head.weight": self.lm_head.weight,
                 "d2t": d2t, "t2d": t2d}
 
@@ -178,10 +182,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     t_start = time.time()
     with extractor(args) as address:
-        with ExtractorClient(address, timeout=120) as client:
-            client.wait_ready(60)
-            contract = client.model_info()
-            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
+        contract, tensors = served_target(address)
         bad = [i for i in aux_ids if not 1 <= i <= contract.num_layers]
         if bad:
             sys.exit(f"--aux-ids {bad}: indices run from 1 to {contract.num_layers}")

@@ -34,10 +34,9 @@ from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_drafter import (add_loop_args, extractor, fit_one_sequence_at_a_time,  # noqa: E402
-                           rotary, self_generated_features, speculators_config, training_log)
-from train_eagle3 import rms  # noqa: E402
-
-from specwire_client import ExtractorClient  # noqa: E402
+                           rotary, self_generated_features, served_target, speculators_config,
+                           training_log)
+from train_eagle3 import projection_tensors, rms  # noqa: E402
 
 
 class MtpHead(torch.nn.Module):
@@ -92,15 +91,9 @@ class MtpHead(torch.nn.Module):
                 p + "final_layernorm.weight": self.final_layernorm,
                 p + "input_layernorm.weight": self.input_layernorm,
                 p + "post_attention_layernorm.weight": self.post_attention_layernorm,
-                p + "self_attn.q_proj.weight": self.q.weight,
-                p + "self_attn.k_proj.weight": self.k.weight,
-                p + "self_attn.v_proj.weight": self.v.weight,
-                p + "self_attn.o_proj.weight": self.o.weight,
                 p + "self_attn.q_norm.weight": self.q_norm,
                 p + "self_attn.k_norm.weight": self.k_norm,
-                p + "mlp.gate_proj.weight": self.gate.weight,
-                p + "mlp.up_proj.weight": self.up.weight,
-                p + "mlp.down_proj.weight": self.down.weight}
+                **projection_tensors(p, self)}
 
 
 def step_weights(beta: float, steps: int) -> list[float]:
@@ -147,10 +140,7 @@ def main() -> None:
                  "trains a head of Qwen3 layers (a Qwen3.5 target ships its own mtp.* head)")
     t_start = time.time()
     with extractor(args) as address:
-        with ExtractorClient(address, timeout=120) as client:
-            client.wait_ready(60)
-            contract = client.model_info()
-            tensors = client.get_tensors(["model.embed_tokens.weight", "lm_head.weight"])
+        contract, tensors = served_target(address)
         train = self_generated_features(address, args, [], True, ["final_norm"], contract)
     embed = tensors["model.embed_tokens.weight"].float()
     head = tensors["lm_head.weight"].float()

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from extractor_harness import THREADS, ExtractorServer, build_dir
+from extractor_harness import THREADS
+from scorer_harness import scorer_binary
 
 import dflash_fixtures as F
 from hf_fixtures import load_hf_model
@@ -34,28 +35,14 @@ N_PROMPTS = 4
 SETTINGS = [(0.0, 1.0, 0), (0.7, 0.9, 50), (1.0, 1.0, 0)]  # (temperature, top_p, top_k)
 
 
-def score_exe() -> Path:
-    exe = build_dir() / "services" / "scorer" / "specwire-score"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR)", pytrace=False)
-    return exe
-
-
 def run_score(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run([str(score_exe()), *args, "--dtype=float32", f"--threads={THREADS}",
-                          "--cache_dir=none", f"--target_checkpoint={TARGET}", "--quiet"],
+    res = subprocess.run([str(scorer_binary("specwire-score")), *args, "--dtype=float32",
+                          f"--threads={THREADS}", "--cache_dir=none",
+                          f"--target_checkpoint={TARGET}", "--quiet"],
                          capture_output=True, text=True, timeout=600)
     if check:
         assert res.returncode == 0, res.stderr
     return res
-
-
-@pytest.fixture(scope="module")
-def extractor(tmp_path_factory):
-    server = ExtractorServer(TARGET, tmp_path_factory.mktemp("extractor"), dtype="float32",
-                             metrics=False).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

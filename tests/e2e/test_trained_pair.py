@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 from extractor_harness import THREADS, ExtractorServer, build_dir
+from scorer_harness import scorer_binary
 from tokenizers import Tokenizer
 
 import dflash_fixtures as F
@@ -44,13 +45,6 @@ DDTREE = 8
 TAU_GOAL = 2.0
 
 
-def scorer_binary(name: str) -> Path:
-    exe = build_dir() / "services" / "scorer" / name
-    if not exe.exists():
-        pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR)", pytrace=False)
-    return exe
-
-
 @pytest.fixture(scope="module")
 def hf_tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(TARGET / "tokenizer.json"))
@@ -61,14 +55,6 @@ def prompts(hf_tokenizer) -> list[list[int]]:
     texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line]
     assert 16 <= len(texts) <= 32
     return [e.ids for e in hf_tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
-@pytest.fixture(scope="module")
-def extractor(tmp_path_factory):
-    server = ExtractorServer(TARGET, tmp_path_factory.mktemp("extractor"), dtype="float32",
-                             metrics=False).start()
-    yield server
-    server.stop()
 
 
 def test_cpp_tokenizer_matches_hf(hf_tokenizer):

@@ -7,7 +7,6 @@ $SPECWIRE_BUILD_DIR (default <repo>/build).
 """
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faults_harness import ExtractorServer, ScorerServer  # noqa: E402
+from faults_harness import ExtractorServer, ScorerServer, extractor_pool  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,19 +31,7 @@ def _one_torch_thread() -> Iterator[None]:
 def extractor_factory(tmp_path_factory) -> Iterator[Callable[..., ExtractorServer]]:
     """extractor_factory(model, args=...) -> a started specwire-extractor; every one is stopped
     (by PID) when the module ends."""
-    started: list[ExtractorServer] = []
-
-    def make(model: Path, *, args: tuple[str, ...] = (), metrics: bool = True) -> ExtractorServer:
-        s = ExtractorServer(model, tmp_path_factory.mktemp("extractor"), dtype="float32",
-                            args=args, metrics=metrics)
-        started.append(s)
-        return s.start()
-
-    yield make
-    for s in started:  # all drain at once
-        s.signal(signal.SIGTERM)
-    for s in started:
-        s.stop()
+    yield from extractor_pool(tmp_path_factory, "extractor", [])
 
 
 @pytest.fixture(scope="module")

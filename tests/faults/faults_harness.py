@@ -10,8 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "service"))
-from extractor_harness import (ExtractorServer, build_dir, free_port,  # noqa: E402,F401
-                               metric_value, random_sequences)
+from extractor_harness import (ExtractorServer, build_dir, extractor_pool,  # noqa: E402,F401
+                               free_port, metric_value, random_sequences)
 
 from scorer_harness import THREADS, ScorerServer, scorer_binary  # noqa: E402,F401
 

@@ -20,17 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "parity"))
 
-from hf_fixtures import make_checkpoint  # noqa: E402
+from hf_fixtures import QWEN3_5_TINY, make_checkpoint  # noqa: E402
 
 BUILD = Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build"))
-QWEN3_5_TINY = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                    layer_types=["linear_attention"] * 3 + ["full_attention"],
-                    tie_word_embeddings=False,
-                    rope_parameters=dict(rope_type="default", rope_theta=10_000.0,
-                                         partial_rotary_factor=0.25))
 
 
 def binary(*parts: str) -> Path:

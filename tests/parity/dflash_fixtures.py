@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import random
 import subprocess
 import time
 from collections.abc import Sequence
@@ -185,6 +186,32 @@ def broken_copy(src: Path, dst: Path, tensors=None, config=None) -> Path:
         config(cfg)
         (dst / "config.json").write_text(json.dumps(cfg))
     return dst
+
+
+def error_after_end(logits: torch.Tensor, cases: dict, end: int, tol: float, name: str,
+                    failures: list[str]) -> float:
+    """The worst relative error of a chain family's drafts after context end `end` (`logits`
+    [K, V]) from the reference's ref.end.<end>, each draft checked beside ref64.end.<end>
+    (error_beside_float64, failures recorded under `name`)."""
+    worst = 0.0
+    for k in range(logits.shape[0]):
+        ref = cases[f"ref.end.{end}"][k]
+        worst = max(worst, error_beside_float64(
+            logits[k], ref, cases[f"ref64.end.{end}"][k], tol, f"{name} end {end} draft {k}", failures))
+    return worst
+
+
+def draw_speculators_switches(rng: random.Random, v: dict) -> None:
+    """The switches of a random speculators-format EAGLE-3 / P-EAGLE variant `v` beyond its
+    sizes, drawn from `rng` into `v`: fc_norm or norm_before_fc (or neither), a sliding window,
+    and on Llama layers attention (and MLP) biases."""
+    norm = rng.choice(["none", "fc_norm", "norm_before_fc"])
+    if norm != "none":
+        v[norm] = True
+    if rng.random() < 0.4:
+        v["window"] = rng.randint(2, 8)
+    if v["arch"] == "llama" and rng.random() < 0.3:
+        v.update(attention_bias=True, mlp_bias=rng.random() < 0.5)
 
 
 def seeded_variants(family: str, variants: dict, random_variants, n: int) -> tuple[int, dict]:
@@ -516,6 +543,51 @@ def greedy_batch(target, prompts: list[list[int]], max_new_tokens: int) -> list[
         logits = target(ids, use_cache=False).logits[:, -1]
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     return ids.tolist()
+
+
+def greedy_aux_data(root: Path, seed: int, prompt_len: int, max_new_tokens: int) -> tuple:
+    """The data of an EAGLE-style replay test: a tiny random target in `root`, six prompts of
+    `prompt_len` random tokens (random.Random(seed)), their greedy trajectories and the target's
+    states at aux_ids [1, 2, 3] (HF hidden_states indices: layers 0, 1, 2 before the final norm)
+    in root/data.safetensors (save_aux_data). (target dir, prompts, trajectories, aux_ids)."""
+    target_dir = make_target(root)
+    hf = hf_target(target_dir)
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(500) for _ in range(prompt_len)] for _ in range(6)]
+    aux_ids = [1, 2, 3]
+    with torch.no_grad():
+        trajs = greedy_batch(hf, prompts, max_new_tokens)
+        hs = hf(torch.tensor(trajs), output_hidden_states=True).hidden_states
+    save_aux_data(root / "data.safetensors", trajs, hs, aux_ids)
+    return target_dir, prompts, trajs, aux_ids
+
+
+def save_aux_data(path: Path, trajectories: list[list[int]], states, aux_ids: list[int]) -> Path:
+    """An EAGLE-style replay's data file (eagle3_reference.py replay): traj.{i}, the trajectory
+    [T_i], and aux.{i}, states[k][i] of every k in `aux_ids` concatenated [T_i, A·H]."""
+    from safetensors.torch import save_file
+
+    data = {}
+    for i, t in enumerate(trajectories):
+        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
+        data[f"aux.{i}"] = torch.cat([states[k][i] for k in aux_ids], -1).contiguous()
+    save_file(data, str(path))
+    return path
+
+
+def assert_chain_replay(ours: dict, ref: dict, trajectories: list[list[int]], prompt_len: int,
+                        what: Any = None) -> tuple[list, list[int]]:
+    """specwire-replay's replay `ours` against the replay `ref` written on a chain family's
+    reference package: the completions are the trajectories' (past `prompt_len`), the step
+    lengths the reference's, some long and some one token (the check has power); `what` labels a
+    failure. (step lengths per response, every step length)."""
+    assert [r["completion"] for r in ours["responses"]] == \
+        [t[prompt_len:] for t in trajectories], what
+    got = [r["step_lengths"] for r in ours["responses"]]
+    assert got == ref["step_lengths"], (what, got, ref["step_lengths"])
+    flat = [a for steps in got for a in steps]
+    assert max(flat) >= 3 and min(flat) == 1, (what, flat)
+    return got, flat
 
 
 def assert_replays_as_reference(got: list, reference: list, backbone: list, family: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,8 +29,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dspark_reference import (load_spec, on_dflash_backbone, randomize,  # noqa: E402
-                              reference_replay, specforge_config)
+from dspark_reference import (on_dflash_backbone, random_case, randomize,  # noqa: E402
+                              reference_replay, run_reference, specforge_config)
 
 
 def domino_model(v: dict, tc, g: torch.Generator):
@@ -91,11 +90,7 @@ def replay(spec: dict) -> None:
     print(json.dumps(reference_replay(spec, m.target_layer_ids, draft)))
 
 
-def main() -> None:
-    if sys.argv[1] == "replay":
-        replay(json.loads(Path(sys.argv[2]).read_text()))
-        return
-    spec, out, tc, target = load_spec()
+def forward_main(spec: dict, out: Path, tc, target: dict) -> None:
     V = tc.vocab_size
     embed = target["model.embed_tokens.weight"].float()
     target_head = target.get("lm_head.weight", embed).float()
@@ -111,11 +106,8 @@ def main() -> None:
             t = {("logit_head." + k if k.startswith(("prefix_gru.", "embed_proj.")) else k): x
                  for k, x in t.items()}
             save_file(t, str(st), metadata={"format": "pt"})
-        B, C, ids = v["block"], spec["context"], v["aux_ids"]
-        feats = torch.randn(1, C + B, len(ids) * tc.hidden_size, generator=g)
-        tokens = torch.randint(0, V - 1, (C + B,), generator=g)
-        block_tokens = tokens[C:C + B][None]  # [1, B]: the anchor and the tokens after it
-        block = torch.tensor([[int(block_tokens[0, 0])] + [V - 1] * (B - 1)])
+        B, C = v["block"], spec["context"]
+        feats, tokens, block_tokens, block = random_case(v, C, V, tc.hidden_size, g)
         with torch.no_grad():
             hidden = m(position_ids=torch.arange(C + B)[None], attention_mask=None,
                        noise_embedding=embed[block], target_hidden=feats[:, :C])  # [1, B, H]
@@ -134,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_reference(replay, forward_main)

@@ -41,6 +41,15 @@ def load_spec() -> tuple[dict, Path, object, dict]:
             load_file(str(Path(spec["target"]) / "model.safetensors")))
 
 
+def run_reference(replay, forward) -> None:
+    """A reference script's command line: `replay SPEC.json` runs replay(spec); `SPEC.json`
+    runs forward(*load_spec()), the forward cases."""
+    if sys.argv[1] == "replay":
+        replay(json.loads(Path(sys.argv[2]).read_text()))
+        return
+    forward(*load_spec())
+
+
 def qwen3_layers(v: dict, tc):
     """The Qwen3 layer config of a DFlash-based variant `v` over the target config `tc`."""
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
@@ -262,12 +271,21 @@ def reference_replay(spec: dict, layer_ids: list[int], draft) -> dict:
     return {"trajectories": trajectories, "step_lengths": all_steps, "blocks": all_blocks}
 
 
-def main() -> None:
-    if sys.argv[1] == "replay":
-        replay(json.loads(Path(sys.argv[2]).read_text()))
-        return
+def random_case(v: dict, context: int, V: int, H: int, g: torch.Generator) -> tuple:
+    """A DFlash-based variant's forward case, drawn from `g`: features [1, C + B, n·H] and tokens
+    [C + B] of a context of C = `context` rows and one block of B = v["block"] after it (n =
+    len(v["aux_ids"])), the block's tokens [1, B] (the anchor and the tokens after it) and the
+    block a drafter is fed [1, B] (the anchor, then the mask id V − 1). (feats, tokens,
+    block_tokens, block)."""
+    B, C = v["block"], context
+    feats = torch.randn(1, C + B, len(v["aux_ids"]) * H, generator=g)
+    tokens = torch.randint(0, V - 1, (C + B,), generator=g)
+    block_tokens = tokens[C:C + B][None]
+    block = torch.tensor([[int(block_tokens[0, 0])] + [V - 1] * (B - 1)])
+    return feats, tokens, block_tokens, block
 
-    spec, out, tc, target = load_spec()
+
+def forward_main(spec: dict, out: Path, tc, target: dict) -> None:
     V, H = tc.vocab_size, tc.hidden_size
     embed = target["model.embed_tokens.weight"]
     target_head = target.get("lm_head.weight", embed)
@@ -276,11 +294,8 @@ def main() -> None:
         sf = v["format"] == "specforge"
         m, chosen = (specforge_model if sf else speculators_model)(v, tc, target, g)
         m.save_pretrained(out / name)
-        B, C, ids = v["block"], spec["context"], v["aux_ids"]
-        feats = torch.randn(1, C + B, len(ids) * H, generator=g)
-        tokens = torch.randint(0, V - 1, (C + B,), generator=g)
-        block_tokens = tokens[C:C + B][None]  # [1, B]: the anchor and the tokens after it
-        block = torch.tensor([[int(block_tokens[0, 0])] + [V - 1] * (B - 1)])
+        B, C = v["block"], spec["context"]
+        feats, tokens, block_tokens, block = random_case(v, C, V, H, g)
         with torch.no_grad():
             pos = torch.arange(C + B)[None]
             if sf:
@@ -333,4 +348,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_reference(replay, forward_main)

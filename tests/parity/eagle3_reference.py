@@ -301,6 +301,15 @@ def chain_replay(m, trajs, aux, chosen, prompt_lens, max_new_tokens, block):
                 ids[0, t + k + 1] = y
         return out_tokens
 
+    return greedy_steps(trajs, prompt_lens, max_new_tokens, block, chain), drafting
+
+
+def greedy_steps(trajs, prompt_lens, max_new_tokens, block, draft) -> list[list[int]]:
+    """The greedy replay's step lengths per trajectory: from each prompt on, draft(i, start,
+    drafts) proposes the `drafts` tokens after the context [0, start) of trajectory i (block − 1,
+    fewer near max_length = prompt + max_new_tokens); a step accepts them up to the first
+    mismatch with the trajectory and produces one token more (the verifier's), at most the
+    trajectory's end."""
     lengths = []
     for i, traj in enumerate(trajs):
         P = prompt_lens[i]
@@ -308,7 +317,7 @@ def chain_replay(m, trajs, aux, chosen, prompt_lens, max_new_tokens, block):
         T, start, steps = len(traj), P, []
         while start + 1 < T:
             drafts = min(block, max_length - start) - 1
-            got = chain(i, start, drafts) if drafts > 0 else []
+            got = draft(i, start, drafts) if drafts > 0 else []
             a = 0
             while a < len(got) and start + a + 1 < T and got[a] == traj[start + a + 1]:
                 a += 1
@@ -316,7 +325,7 @@ def chain_replay(m, trajs, aux, chosen, prompt_lens, max_new_tokens, block):
             steps.append(produced)
             start += produced
         lengths.append(steps)
-    return lengths, drafting
+    return lengths
 
 
 def load_speculators(drafter: str, config_cls=None, model_cls=None):

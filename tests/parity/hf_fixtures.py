@@ -66,6 +66,17 @@ DENSE_CONFIGS: dict[str, dict[str, Any]] = {
                                          original_max_position_embeddings=32)),
 }
 
+# The overrides of a tiny Qwen3.5 hybrid (make_checkpoint("qwen3_5_hybrid", ..., overrides=...)):
+# 3 Gated DeltaNet layers + 1 gated full-attention layer, the GPU kit's hybrid reference target.
+QWEN3_5_TINY = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    layer_types=["linear_attention"] * 3 + ["full_attention"],
+                    tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10_000.0,
+                                         partial_rotary_factor=0.25))
+
 
 def make_checkpoint(name: str, out_dir: Path, seed: int = 0, overrides: dict | None = None) -> Path:
     """Saves a randomly initialised model (fp32 safetensors) to out_dir/name and returns the dir."""

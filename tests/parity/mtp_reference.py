@@ -48,6 +48,7 @@ import transformers  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import hybrid_fixtures as HF  # noqa: E402
+from eagle3_reference import greedy_steps  # noqa: E402
 
 # speculators' MTPConverter maps mtp.* to these; the target format is its inverse.
 TO_TARGET = [("mtp_layers.0.input_proj.", "mtp.fc."),
@@ -272,20 +273,10 @@ def replay_main(spec: dict) -> None:
     m = head_from_target(target_dir, tc, target, K, "Qwen3_5ForCausalLM")
     set_steps(m, 1)
 
-    lengths = []
-    for t, f in zip(trajs, feats):
-        traj = torch.tensor(t)
-        T, start, steps, max_length = len(t), P, [], P + N
-        while start + 1 < T:
-            drafts = min(B, max_length - start) - 1
-            got = chain(m, f, traj[1:], start, drafts).argmax(-1).tolist() if drafts > 0 else []
-            a = 0
-            while a < len(got) and start + a + 1 < T and got[a] == t[start + a + 1]:
-                a += 1
-            produced = min(a + 1, T - 1 - start)
-            steps.append(produced)
-            start += produced
-        lengths.append(steps)
+    def draft(i: int, start: int, drafts: int) -> list[int]:
+        return chain(m, feats[i], torch.tensor(trajs[i])[1:], start, drafts).argmax(-1).tolist()
+
+    lengths = greedy_steps(trajs, [P] * len(trajs), N, B, draft)
     print(json.dumps({"trajectories": trajs, "step_lengths": lengths}))
 
 

@@ -235,7 +235,7 @@ def trained_here(spec: dict, trajs: list, aux: list, target: dict, V: int, H: in
 
 
 def replay_main(spec: dict) -> None:
-    from eagle3_reference import load_speculators, replay_data
+    from eagle3_reference import greedy_steps, load_speculators, replay_data
 
     trajs, aux, tc, target = replay_data(spec)
     V, H = tc.vocab_size, tc.hidden_size
@@ -262,21 +262,8 @@ def replay_main(spec: dict) -> None:
             best = best + m.d2t[best]
         return best.tolist()
 
-    lengths = []
-    for i, traj in enumerate(trajs):
-        P = spec["prompt_len"]
-        max_length = P + spec["max_new_tokens"]
-        T, start, steps = len(traj), P, []
-        while start + 1 < T:
-            drafts = min(spec["block"], max_length - start) - 1
-            got = block(i, start, drafts) if drafts > 0 else []
-            a = 0
-            while a < len(got) and start + a + 1 < T and got[a] == traj[start + a + 1]:
-                a += 1
-            produced = min(a + 1, T - 1 - start)
-            steps.append(produced)
-            start += produced
-        lengths.append(steps)
+    lengths = greedy_steps(trajs, [spec["prompt_len"]] * len(trajs), spec["max_new_tokens"],
+                           spec["block"], block)
     print(json.dumps({"step_lengths": lengths}))
 
 

@@ -80,13 +80,7 @@ def random_variants(seed: int, n: int) -> dict:
             v.update(arch=rng.choice(["llama", "qwen3"]), layers=rng.choice([1, 1, 2]),
                      aux_ids=sorted(rng.sample(range(1, 9), rng.randint(2, 4))),
                      norm_before_residual=rng.random() < 0.5, norm_output=rng.random() < 0.5)
-            norm = rng.choice(["none", "fc_norm", "norm_before_fc"])
-            if norm != "none":
-                v[norm] = True
-            if rng.random() < 0.4:
-                v["window"] = rng.randint(2, 8)
-            if v["arch"] == "llama" and rng.random() < 0.3:
-                v.update(attention_bias=True, mlp_bias=rng.random() < 0.5)
+            F.draw_speculators_switches(rng, v)
         else:
             v.update(aux_ids=sorted(rng.sample(range(0, 8), 3)), fc_norm=rng.random() < 0.5,
                      norm_output=rng.random() < 0.7)
@@ -166,18 +160,7 @@ def test_the_sliding_window_is_applied(oracle):
 def broken(oracle, name: str, tag: str, config=None, tensors=None) -> Path:
     """A copy of a reference checkpoint with its config.json and/or tensors changed."""
     out, _, _ = oracle
-    dst = out / f"broken-{tag}"
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(out / name, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
-    return dst
+    return F.broken_copy(out / name, out / f"broken-{tag}", tensors, config)
 
 
 def refusal(oracle, drafter: Path, *extra: str) -> str:
@@ -321,19 +304,8 @@ def replayed(tmp_path_factory):
     trajectories (transformers), the reference replay of it (eagle3_reference.py replay), and
     specwire's (specwire-replay replay, the target in-process)."""
     root = tmp_path_factory.mktemp("eagle3-replay")
-    target_dir = F.make_target(root)
-    hf = F.hf_target(target_dir)
-    rng = random.Random(3)
-    prompts = [[rng.randrange(500) for _ in range(REPLAY_PROMPT_LEN)] for _ in range(6)]
-    aux_ids = [1, 2, 3]  # HF hidden_states indices: layers 0, 1, 2 before the final norm
-    with torch.no_grad():
-        trajs = F.greedy_batch(hf, prompts, REPLAY_NEW_TOKENS)
-        hs = hf(torch.tensor(trajs), output_hidden_states=True).hidden_states
-    data = {}
-    for i, t in enumerate(trajs):
-        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
-        data[f"aux.{i}"] = torch.cat([hs[k][i] for k in aux_ids], -1).contiguous()
-    save_file(data, str(root / "data.safetensors"))
+    target_dir, prompts, trajs, aux_ids = F.greedy_aux_data(root, 3, REPLAY_PROMPT_LEN,
+                                                            REPLAY_NEW_TOKENS)
     results = {}
     for block in (4, 7):
         spec = root / f"replay{block}.json"
@@ -357,13 +329,9 @@ def replayed(tmp_path_factory):
 
 def test_chain_replay_equals_the_reference_replay(replayed):
     for block, (ref, ours) in replayed["results"].items():
-        assert [r["completion"] for r in ours["responses"]] == \
-            [t[REPLAY_PROMPT_LEN:] for t in replayed["trajectories"]], block
-        got = [r["step_lengths"] for r in ours["responses"]]
-        assert got == ref["step_lengths"], (block, got, ref["step_lengths"])
-        flat = [a for steps in got for a in steps]
-        # Steps spread: the check is not all-ones, and sums are the completion lengths.
-        assert max(flat) >= 3 and min(flat) == 1, (block, flat)
+        got, flat = F.assert_chain_replay(ours, ref, replayed["trajectories"], REPLAY_PROMPT_LEN,
+                                          block)
+        # Sums are the completion lengths.
         assert all(sum(s) == REPLAY_NEW_TOKENS - 1 for s in got)
         assert ours["format"] == "speculators" and ours["target_layer_ids"] == [0, 1, 2]
         print(f"block {block}: tau {ours['summary']['tau_mean_of_means']:.3f} over "

@@ -78,13 +78,7 @@ def random_variants(seed: int, n: int) -> dict:
             v.update(arch=rng.choice(["llama", "qwen3"]),
                      aux_ids=sorted(rng.sample(range(1, 9), rng.randint(2, 4))),
                      norm_output=rng.random() < 0.5)
-            norm = rng.choice(["none", "fc_norm", "norm_before_fc"])
-            if norm != "none":
-                v[norm] = True
-            if rng.random() < 0.4:
-                v["window"] = rng.randint(2, 8)
-            if v["arch"] == "llama" and rng.random() < 0.3:
-                v.update(attention_bias=True, mlp_bias=rng.random() < 0.5)
+            F.draw_speculators_switches(rng, v)
         else:
             v.update(aux_ids=sorted(rng.sample(range(0, 8), 3)),
                      rope_scaling=rng.random() < 0.3)
@@ -115,10 +109,7 @@ def test_forward_matches_the_reference_packages(oracle):
         worst = 0.0
         for e, logits in got.items():
             assert logits.shape == (DRAFTS, v["draft_vocab"]), (name, logits.shape)
-            for k in range(DRAFTS):
-                ref = cases[f"ref.end.{e}"][k]
-                worst = max(worst, F.error_beside_float64(
-                    logits[k], ref, cases[f"ref64.end.{e}"][k], TOL, f"{name} end {e} draft {k}", failures))
+            worst = max(worst, F.error_after_end(logits, cases, e, TOL, name, failures))
         print(f"{name}: worst relative error {worst:.2e}")
     assert not failures, "\n".join(failures)
 
@@ -194,19 +185,7 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     root = tmp_path_factory.mktemp("peagle-replay")
-    target_dir = F.make_target(root)
-    hf = F.hf_target(target_dir)
-    rng = random.Random(4)
-    prompts = [[rng.randrange(500) for _ in range(PROMPT_LEN)] for _ in range(6)]
-    aux_ids = [1, 2, 3]  # HF hidden_states indices: layers 0, 1, 2 before the final norm
-    with torch.no_grad():
-        trajs = F.greedy_batch(hf, prompts, NEW_TOKENS)
-        hs = hf(torch.tensor(trajs), output_hidden_states=True).hidden_states
-    data = {}
-    for i, t in enumerate(trajs):
-        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
-        data[f"aux.{i}"] = torch.cat([hs[k][i] for k in aux_ids], -1).contiguous()
-    save_file(data, str(root / "data.safetensors"))
+    target_dir, prompts, trajs, aux_ids = F.greedy_aux_data(root, 4, PROMPT_LEN, NEW_TOKENS)
     block = 5
     drafter = root / "drafter"
     spec = root / "replay.json"
@@ -249,11 +228,7 @@ def committed_replayed(tmp_path_factory):
         hf(torch.tensor(trajs))
     for h in hooks:
         h.remove()
-    data = {}
-    for i, t in enumerate(trajs):
-        data[f"traj.{i}"] = torch.tensor(t, dtype=torch.int64)
-        data[f"aux.{i}"] = torch.cat([raw[k][i] for k in aux_ids], -1).contiguous()
-    save_file(data, str(root / "data.safetensors"))
+    F.save_aux_data(root / "data.safetensors", trajs, raw, aux_ids)
     block = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] + 1
     spec = F.write_json(root / "replay.json", {
         "data": str(root / "data.safetensors"), "target": str(target_dir),
@@ -271,24 +246,14 @@ def committed_replayed(tmp_path_factory):
 
 def test_committed_drafter_replays_as_the_reference(committed_replayed):
     ours, ref = committed_replayed["ours"], committed_replayed["ref"]
-    assert [r["completion"] for r in ours["responses"]] == \
-        [t[PROMPT_LEN:] for t in committed_replayed["trajectories"]]
-    got = [r["step_lengths"] for r in ours["responses"]]
-    assert got == ref["step_lengths"], (got, ref["step_lengths"])
-    flat = [a for steps in got for a in steps]
-    assert max(flat) >= 3 and min(flat) == 1, flat
+    _, flat = F.assert_chain_replay(ours, ref, committed_replayed["trajectories"], PROMPT_LEN)
     assert ours["method"] == "peagle" and ours["format"] == "speculators"
     print(f"committed P-EAGLE replay: tau {sum(flat) / len(flat):.3f} over {len(flat)} steps")
 
 
 def test_replay_equals_the_reference_replay(replayed):
     ours, ref = replayed["ours"], replayed["ref"]
-    assert [r["completion"] for r in ours["responses"]] == \
-        [t[PROMPT_LEN:] for t in replayed["trajectories"]]
-    got = [r["step_lengths"] for r in ours["responses"]]
-    assert got == ref["step_lengths"], (got, ref["step_lengths"])
-    flat = [a for steps in got for a in steps]
-    assert max(flat) >= 3 and min(flat) == 1, flat
+    _, flat = F.assert_chain_replay(ours, ref, replayed["trajectories"], PROMPT_LEN)
     assert ours["method"] == "peagle" and ours["format"] == "speculators"
     assert ours["target_layer_ids"] == [0, 1, 2]
     # DDTree over the block's per-position marginals: never below the chain, and a larger

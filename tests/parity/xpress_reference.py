@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -29,8 +28,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dspark_reference import (load_spec, qwen3_layers, randomize,  # noqa: E402
-                              share_target_head, speculators_block_states)
+from dspark_reference import (qwen3_layers, random_case, randomize,  # noqa: E402
+                              run_reference, share_target_head, speculators_block_states)
 
 
 def xpress_model(v: dict, tc, target: dict, g: torch.Generator, layers=None,
@@ -160,22 +159,15 @@ def replay(spec: dict) -> None:
     print(json.dumps(reference_replay(spec, ids, draft)))
 
 
-def main() -> None:
-    if sys.argv[1] == "replay":
-        replay(json.loads(Path(sys.argv[2]).read_text()))
-        return
-    spec, out, tc, target = load_spec()
+def forward_main(spec: dict, out: Path, tc, target: dict) -> None:
     V, H = tc.vocab_size, tc.hidden_size
     for i, (name, v) in enumerate(spec["variants"].items()):
         g = torch.Generator().manual_seed(spec["seed"] + i)
         m = xpress_model(v, tc, target, g)
         m.save_pretrained(out / name)
-        B, C, ids, sfa = v["block"], spec["context"], v["aux_ids"], v["sample_from_anchor"]
-        feats = torch.randn(1, C + B, len(ids) * H, generator=g)
-        tokens = torch.randint(0, V - 1, (C + B,), generator=g)
-        block_tokens = tokens[C:C + B][None]  # [1, B]: the anchor and the tokens after it
+        B, C, sfa = v["block"], spec["context"], v["sample_from_anchor"]
+        feats, tokens, block_tokens, block = random_case(v, C, V, H, g)
         am1 = tokens[C - 1:C][None]
-        block = torch.tensor([[int(block_tokens[0, 0])] + [V - 1] * (B - 1)])
         with torch.no_grad():
             logits_tf, refined, pred = xpress_block(m, feats[:, :C], block, am1, v["passes"], sfa,
                                                     block_tokens)
@@ -190,4 +182,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_reference(replay, forward_main)

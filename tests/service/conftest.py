@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +18,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extractor_harness import (CHECKPOINT, ExtractorServer, hf_fixtures,  # noqa: E402
-                               make_tokenizer_json)
+from extractor_harness import (CHECKPOINT, ExtractorServer, extractor_pool,  # noqa: E402
+                               hf_fixtures, make_tokenizer_json)
 
 try:
     import specwire_client  # noqa: E402
@@ -76,20 +75,7 @@ def server_factory(
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ExtractorServer]]:
     """server_factory(model, dtype=..., args=(...)) -> a started server, stopped (by PID) when
     the session ends; tests that kill their server stop it themselves."""
-    started = _STARTED
-
-    def make(model: Path, *, dtype: str = "float32", args: tuple[str, ...] = (),
-             metrics: bool = True) -> ExtractorServer:
-        s = ExtractorServer(model, tmp_path_factory.mktemp("server"), dtype=dtype, args=args,
-                            metrics=metrics)
-        started.append(s)
-        return s.start()
-
-    yield make
-    for s in started:  # all drain at once
-        s.signal(signal.SIGTERM)
-    for s in started:
-        s.stop()
+    yield from extractor_pool(tmp_path_factory, "server", _STARTED)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO / "tests" / "parity"))
 import hf_fixtures  # noqa: E402,F401  (re-exported for the tests)
 
 __all__ = ["CHECKPOINT", "THREADS", "ExtractorServer", "binary", "build_dir", "cli_extract",
-           "free_port", "hf_fixtures", "make_tokenizer_json", "metric_sum", "metric_value",
-           "random_sequences", "wait_for", "wait_for_metric"]
+           "extractor_pool", "free_port", "hf_fixtures", "make_tokenizer_json", "metric_sum",
+           "metric_value", "random_sequences", "wait_for", "wait_for_metric"]
 
 CHECKPOINT = "qwen3_gqa2_tied"  # 3 layers, hidden 64, vocab 512, tied embeddings
 # Intra-op threads of the servers and of the offline CLI: one each on the 2-core CI machines
@@ -154,6 +154,26 @@ class ExtractorServer:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                     timeout=5) as r:
             return r.read().decode()
+
+
+def extractor_pool(tmp_path_factory, log_dir: str,
+                   started: list[ExtractorServer]) -> Iterator[Callable[..., ExtractorServer]]:
+    """A factory fixture's body: yields make(model, dtype=..., args=(...), metrics=...) -> a
+    started specwire-extractor logging into a fresh `log_dir` temporary directory, kept in
+    `started`; when the fixture ends, every one is told to drain (SIGTERM, all at once) and then
+    stopped by PID."""
+    def make(model: Path, *, dtype: str = "float32", args: tuple[str, ...] = (),
+             metrics: bool = True) -> ExtractorServer:
+        s = ExtractorServer(model, tmp_path_factory.mktemp(log_dir), dtype=dtype, args=args,
+                            metrics=metrics)
+        started.append(s)
+        return s.start()
+
+    yield make
+    for s in started:  # all drain at once
+        s.signal(signal.SIGTERM)
+    for s in started:
+        s.stop()
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
