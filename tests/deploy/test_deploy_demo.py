@@ -155,7 +155,9 @@ def test_drafter_families_side_by_side(demo):
     assert list(pe["summary"]["ddtree_tau"]) == ["8"]
     mtp = reports["tiny-qwen3-mtp"]
     assert mtp["labels"]["method"] == "mtp" and mtp["summary"]["block_size"] == 4
-    assert not mtp["summary"]["ddtree_tau"] and mtp["summary"]["tree"]["method"] == ""
+    # Its tree is EAGLE's top-k tree grown by the head (SGLang's EAGLE worker over MTP).
+    assert mtp["summary"]["tree"]["method"] == "eagle"
+    assert list(mtp["summary"]["ddtree_tau"]) == ["8"]
     for name, r in reports.items():
         s = r["summary"]
         m = re.search(rf"^{name}\s+(\w+)\s+([\w-]+)\s+(\d+)\s+([\d.]+)\s+\[([\d.]+), ([\d.]+)\]"

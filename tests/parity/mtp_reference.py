@@ -280,8 +280,30 @@ def replay_main(spec: dict) -> None:
     print(json.dumps({"trajectories": trajs, "step_lengths": lengths}))
 
 
+def paths_main(spec: dict) -> None:
+    """Per query [response, start, path] of a tree check: the log-softmax of the head that
+    replay_main wrote into the target after that trajectory's context [0, start) and the drafts
+    `path` (the package's own forward over every row, no cache), in out.Q of spec["out"]."""
+    target_dir = Path(spec["target"])
+    target = HF.hf_reference(target_dir, torch.float32)
+    m = head_from_target(target_dir, target.config, target, spec["drafts"], "Qwen3_5ForCausalLM")
+    set_steps(m, 1)
+    feats: dict[int, torch.Tensor] = {}
+    out = {}
+    for q, (i, start, path) in enumerate(spec["queries"]):
+        traj = spec["trajectories"][i]
+        if i not in feats:
+            with torch.no_grad():
+                feats[i] = target(torch.tensor([traj]),
+                                  output_hidden_states=True).hidden_states[-1][0]
+        logits = chain(m, feats[i], torch.tensor(traj)[1:], start, len(path) + 1, given=path)
+        out[f"out.{q}"] = torch.log_softmax(logits[-1].float(), -1).contiguous()
+    save_file(out, spec["out"])
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "replay":
-        replay_main(json.loads(Path(sys.argv[2]).read_text()))
+    if sys.argv[1] in ("replay", "paths"):
+        {"replay": replay_main, "paths": paths_main}[sys.argv[1]](
+            json.loads(Path(sys.argv[2]).read_text()))
     else:
         forward_main(json.loads(Path(sys.argv[1]).read_text()))

@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 
 import dflash_fixtures as F
 import hf_fixtures
+import tree_checks
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-5
@@ -343,40 +344,6 @@ def test_chain_replay_equals_the_reference_replay(replayed):
 TREES = [(4, 3, 10), (3, 5, 40), (5, 2, 6)]  # depth, top_k, total_tokens
 
 
-def transcribed_tree(tree: dict, depth: int, top_k: int, total: int, truth: list[int]) -> int:
-    """EAGLE-2's dynamic tree (eagle/model/cnets.py topK_genrate), transcribed: the frontier of
-    each level is the top_k nodes of the level by cumulative score, each expands into its top_k
-    children; the tree keeps the `total` best nodes; greedy verification walks kept nodes along
-    the trajectory. Children and scores are the ones the C++ tree computed (checked against the
-    reference model separately)."""
-    tok, par, lev, sc = tree["token"], tree["parent"], tree["level"], tree["score"]
-    n = len(tok)
-    children = {}
-    for j in range(n):
-        children.setdefault(par[j], []).append(j)
-    levels = max(lev)
-    frontier = [j for j in range(n) if lev[j] == 1]
-    assert len(frontier) == min(top_k, len(frontier))
-    for level in range(2, levels + 1):
-        cands = [c for f in frontier for c in children.get(f, [])]
-        # every frontier node expanded into top_k children, in frontier order
-        assert [par[c] for c in cands] == [f for f in frontier for _ in range(top_k)], level
-        expanded = [j for j in range(n) if lev[j] == level - 1 and j in children]
-        assert sorted(expanded) == sorted(frontier), level
-        scores = torch.tensor([sc[c] for c in cands], dtype=torch.float32)
-        best = torch.topk(scores, min(top_k, len(cands))).indices.tolist()
-        frontier = [cands[b] for b in best]
-    kept = set(torch.topk(torch.tensor(sc, dtype=torch.float32), min(total, n)).indices.tolist())
-    assert kept == {j for j in range(n) if tree["kept"][j]}
-    at, a = -1, 0
-    while a < len(truth):
-        nxt = [c for c in children.get(at, []) if c in kept and tok[c] == truth[a]]
-        if not nxt:
-            break
-        at, a = nxt[0], a + 1
-    return a
-
-
 @pytest.mark.parametrize("depth,top_k,total", TREES)
 def test_eagle_tree_replay(replayed, depth, top_k, total):
     root, target = replayed["root"], replayed["target"]
@@ -388,37 +355,11 @@ def test_eagle_tree_replay(replayed, depth, top_k, total):
                          "--threads=1", "--tree", f"{depth},{top_k},{total}",
                          "--tree_dump", str(dump)])
     trees = json.loads(dump.read_text())
-    steps = [(i, s) for i, r in enumerate(ours["responses"]) for s in r["step_lengths"]]
-    assert len(trees) == len(steps)
     # 1. The algorithm: each step's accepted length from the transcription, on its own tree.
-    queries, checked = [], []
-    k = 0
-    for i, traj in enumerate(replayed["trajectories"]):
-        start = REPLAY_PROMPT_LEN
-        for produced in ours["responses"][i]["step_lengths"]:
-            tree = trees[k]
-            k += 1
-            levels = min(depth + 1, REPLAY_PROMPT_LEN + REPLAY_NEW_TOKENS - start) - 1
-            assert max(tree["level"]) == levels
-            truth = [traj[start + j] if start + j < len(traj) else -1
-                     for j in range(1, levels + 1)]
-            a = transcribed_tree(tree, depth, top_k, total, truth)
-            assert produced == min(a + 1, len(traj) - 1 - start), (i, start)
-            # 2. Every expanded node's children, against the reference model along its path
-            # (first and every fifth step of each response: the reference is slow).
-            if len(checked) < 40 and (start == REPLAY_PROMPT_LEN or k % 5 == 0):
-                queries.append([i, start, []])  # the root's children: the first level
-                checked.append((tree, -1))
-                for j in range(len(tree["token"])):
-                    if not any(p == j for p in tree["parent"]):
-                        continue
-                    path, p = [], j
-                    while p >= 0:
-                        path.append(tree["token"][p])
-                        p = tree["parent"][p]
-                    queries.append([i, start, path[::-1]])
-                    checked.append((tree, j))
-            start += produced
+    queries, checked = tree_checks.check_tree_steps(
+        ours["responses"], trees, replayed["trajectories"], REPLAY_PROMPT_LEN,
+        REPLAY_NEW_TOKENS, depth, top_k, total)
+    # 2. Every expanded node's children, against the reference model along its path.
     spec = root / "paths.json"
     spec.write_text(json.dumps({"drafter": str(drafter), "data": str(root / "data.safetensors"),
                                 "queries": queries, "out": str(root / "paths.safetensors")}))
@@ -427,19 +368,8 @@ def test_eagle_tree_replay(replayed, depth, top_k, total):
     cfg = json.loads((drafter / "config.json").read_text())
     t = load_file(str(drafter / "model.safetensors"))
     chosen = (torch.arange(cfg["draft_vocab_size"]) + t["d2t"]).tolist() if "d2t" in t else None
-    for q, (tree, j) in enumerate(checked):
-        lp = logp[f"out.{q}"]
-        kids = [c for c in range(len(tree["token"])) if tree["parent"][c] == j]
-        base = tree["score"][j] if j >= 0 else 0.0
-        ref_top = torch.topk(lp, len(kids))
-        ref_tokens = [chosen[d] if chosen else d for d in ref_top.indices.tolist()]
-        got_tokens = [tree["token"][c] for c in kids]
-        got_scores = torch.tensor([tree["score"][c] - base for c in kids])
-        assert torch.allclose(got_scores, ref_top.values, atol=2e-5), (q, got_scores, ref_top)
-        if got_tokens != ref_tokens:  # only a near-tie may order children differently
-            assert (ref_top.values[:-1] - ref_top.values[1:]).min() < 2e-5, (q, got_tokens,
-                                                                            ref_tokens)
-    flat = [s for _, s in steps]
+    tree_checks.check_children(checked, logp, chosen.__getitem__ if chosen else None)
+    flat = [s for r in ours["responses"] for s in r["step_lengths"]]
     print(f"tree {depth},{top_k},{total}: tau {sum(flat) / len(flat):.3f} over {len(flat)} "
           f"steps; {len(checked)} nodes checked against the reference")
     assert max(flat) >= 3

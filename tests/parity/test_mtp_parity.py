@@ -13,7 +13,8 @@ head's definition on the package's own forward (transformers has no MTP forward:
 3. Replay: a head trained with the package's own loss on a Qwen3.5 target's greedy trajectories,
    written into the target as its mtp.* tensors; `specwire-replay replay --drafter mtp` gives the
    step lengths of a replay on the reference chain, step for step, and says which tensors became
-   the drafter.
+   the drafter. Its tree: each step against EAGLE-2's algorithm transcribed, each expanded
+   node's children against the reference forward along the node's path.
 
 About 60 s on two cores (the reference runs in a subprocess)."""
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 import dflash_fixtures as F
+import tree_checks
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-5
@@ -206,6 +208,7 @@ def test_mtp_without_a_target_is_refused(oracle, tmp_path):
 
 PROMPT_LEN = 6
 NEW_TOKENS = 40
+BLOCK = 4
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +219,7 @@ def replayed(tmp_path_factory):
     target_dir = HF.save_text(HF.random_causal_lm("interval4", 5), root / "target")
     rng = random.Random(7)
     prompts = [[rng.randrange(512) for _ in range(PROMPT_LEN)] for _ in range(5)]
-    block = 4
+    block = BLOCK
     spec = root / "replay.json"
     spec.write_text(json.dumps({"target": str(target_dir), "prompt_len": PROMPT_LEN,
                                 "max_new_tokens": NEW_TOKENS, "prompts": prompts,
@@ -240,6 +243,40 @@ def test_replay_equals_the_reference_replay(replayed):
     assert all(t.startswith("mtp.") for t in tensors) and len(tensors) == 15, tensors
     tau = ours["summary"]["tau_mean_of_means"]
     print(f"MTP replay: tau {tau:.3f} over {len(flat)} steps")
+
+
+MTP_TREES = [(3, 3, 8), (2, 6, 20), (3, 1, 3)]  # depth, top_k, total_tokens
+
+
+@pytest.mark.parametrize("depth,top_k,total", MTP_TREES)
+def test_mtp_tree_replay(replayed, tmp_path, depth, top_k, total):
+    """The head's own tree (EAGLE's top-k tree, as SGLang's EAGLE worker grows it over an MTP
+    head): every step's length is the transcribed algorithm's on its tree; every expanded node's
+    children are the reference forward's top-k along the node's path; the top-1 tree of the
+    chain's depth is the chain."""
+    dump = tmp_path / "trees.json"
+    ours = F.run_replay(["replay", "--drafter", "mtp", "--target_checkpoint",
+                         replayed["target"], "--tokens_file",
+                         str(F.write_json(tmp_path / "prompts.json", replayed["prompts"])),
+                         "--max_new_tokens", str(NEW_TOKENS), "--ignore_model_eos",
+                         "--threads=1", "--tree", f"{depth},{top_k},{total}",
+                         "--tree_dump", str(dump)])
+    trajectories = replayed["ref"]["trajectories"]
+    queries, checked = tree_checks.check_tree_steps(
+        ours["responses"], json.loads(dump.read_text()), trajectories, PROMPT_LEN, NEW_TOKENS,
+        depth, top_k, total)
+    spec = tmp_path / "paths.json"
+    spec.write_text(json.dumps({"target": replayed["target"], "drafts": BLOCK - 1,
+                                "trajectories": trajectories, "queries": queries,
+                                "out": str(tmp_path / "paths.safetensors")}))
+    F.run_oracle_script("mtp_reference.py", "paths", str(spec))
+    tree_checks.check_children(checked, load_file(str(tmp_path / "paths.safetensors")))
+    flat = [a for r in ours["responses"] for a in r["step_lengths"]]
+    if top_k == 1 and depth == BLOCK - 1:
+        assert [r["step_lengths"] for r in ours["responses"]] == replayed["ref"]["step_lengths"]
+    assert max(flat) >= 3 and min(flat) == 1, flat  # the check has power
+    print(f"MTP tree {depth},{top_k},{total}: tau {sum(flat) / len(flat):.3f} over {len(flat)} "
+          f"steps; {len(checked)} nodes checked against the reference")
 
 
 def test_the_services_score_the_head_as_the_replay_does(replayed, tmp_path):

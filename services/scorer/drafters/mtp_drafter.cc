@@ -2,8 +2,11 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -231,11 +234,14 @@ absl::StatusOr<std::unique_ptr<MtpHead>> LoadMtpHead(const std::string& dir, at:
 }
 
 // One response: the head's KV cache over the context rows, and the last row's output (the
-// first draft's state).
+// first draft's state). With tree options, each block is EAGLE's top-k tree grown by the head
+// (SGLang's EAGLE worker over an MTP head with speculative_eagle_topk > 1), not a chain.
 class MtpSession : public DraftSession {
  public:
-  MtpSession(const MtpHead* head, int64_t capacity)
-      : head_(head), cache_(1, 1, 1, 1, head->dtype, head->device) {
+  MtpSession(const MtpHead* head, int64_t capacity,
+             std::optional<Eagle3TreeOptions> tree = std::nullopt,
+             std::vector<DraftTree>* trees = nullptr)
+      : head_(head), cache_(1, 1, 1, 1, head->dtype, head->device), tree_(tree), trees_(trees) {
     Reserve(std::max<int64_t>(capacity, 16));
   }
 
@@ -265,11 +271,20 @@ class MtpSession : public DraftSession {
 
   at::Tensor DraftLogits(int64_t anchor, int64_t start, int64_t len,
                          std::span<const int64_t> given) override {
+    TORCH_CHECK(!tree_, "an MTP tree has no block logits (tree acceptance only)");
     return Chain(anchor, start, len, given, {}, nullptr);
   }
 
   int64_t AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
                          const std::vector<int64_t>& truth) override {
+    if (tree_) {
+      TORCH_CHECK(start == length_, "MTP tree at ", start, " but the context covers [0, ",
+                  length_, ")");
+      DraftTree tree = Tree(static_cast<int32_t>(len - 1));
+      const int64_t a = tree.Accepted(truth);
+      if (trees_ != nullptr) trees_->push_back(std::move(tree));
+      return a;
+    }
     int64_t accepted = 0;
     Chain(anchor, start, len, {}, truth, &accepted);
     return accepted;
@@ -315,6 +330,81 @@ class MtpSession : public DraftSession {
     return out;
   }
 
+  // EAGLE's top-k tree of `levels` ≤ depth levels after the context: the root's top_k drafts;
+  // at each further level the top_k nodes of the level before (by cumulative log-probability)
+  // expanded into top_k children each; the total_tokens best nodes kept. A node of level L has
+  // its row at slot length_ + L − 1 (the chain's slot for that depth) pairing its parent's output
+  // with its token, so it attends to the context and to its ancestors' rows, which are copied
+  // back into slots length_ .. length_ + L − 2 first: the chain's arithmetic along every path.
+  DraftTree Tree(int32_t levels) {
+    const Eagle3TreeOptions& o = *tree_;
+    TORCH_CHECK(length_ >= 1, "MTP: a tree needs at least one context row");
+    TORCH_CHECK(o.depth >= 1 && o.top_k >= 1 && o.total_tokens >= 1,
+                "MTP tree: depth, top_k and total_tokens must be positive");
+    levels = std::min(levels, o.depth);
+    TORCH_CHECK(levels >= 1, "MTP tree of ", levels, " levels");
+    c10::InferenceMode guard;
+    Reserve(length_ + levels + 1);
+    const int64_t V = head_->lm_head.size(0);
+    const int64_t k = std::min<int64_t>(o.top_k, V);
+    DraftTree tree;
+    std::vector<at::Tensor> out, key, value;  // per expanded node: its row's output and K/V
+    auto add = [&](int64_t token, int64_t parent, int32_t level, float score) {
+      tree.token.push_back(token);
+      tree.parent.push_back(parent);
+      tree.level.push_back(level);
+      tree.score.push_back(score);
+      out.emplace_back();
+      key.emplace_back();
+      value.emplace_back();
+    };
+    auto log_probs = [&](const at::Tensor& y) {
+      return at::log_softmax(head_->Logits(y).reshape({-1}), -1).to(at::kCPU);
+    };
+    {
+      auto [v, i] = at::topk(log_probs(last_), k);
+      for (int64_t j = 0; j < k; ++j) add(i[j].item<int64_t>(), -1, 1, v[j].item<float>());
+    }
+    std::vector<int64_t> frontier(k);
+    for (int64_t j = 0; j < k; ++j) frontier[j] = j;
+    for (int32_t level = 2; level <= levels; ++level) {
+      std::vector<float> cand_score;
+      std::vector<std::pair<int64_t, int64_t>> cand;  // (parent node, token)
+      for (int64_t f : frontier) {
+        for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) {
+          const int64_t slot = length_ + tree.level[a] - 1;
+          cache_.k.narrow(2, slot, 1).copy_(key[a]);
+          cache_.v.narrow(2, slot, 1).copy_(value[a]);
+        }
+        const int64_t slot = length_ + tree.level[f] - 1;
+        const at::Tensor& parent = tree.parent[f] >= 0 ? out[tree.parent[f]] : last_;
+        const int64_t token[1] = {tree.token[f]};
+        out[f] = head_->Rows(cache_, slot, parent, token);
+        key[f] = cache_.k.narrow(2, slot, 1).clone();
+        value[f] = cache_.v.narrow(2, slot, 1).clone();
+        auto [v, i] = at::topk(log_probs(out[f]), k);
+        for (int64_t j = 0; j < k; ++j) {
+          cand.emplace_back(f, i[j].item<int64_t>());
+          cand_score.push_back(tree.score[f] + v[j].item<float>());
+        }
+      }
+      const int64_t first = static_cast<int64_t>(tree.token.size());
+      for (size_t c = 0; c < cand.size(); ++c) {
+        add(cand[c].second, cand[c].first, level, cand_score[c]);
+      }
+      if (level == levels) break;
+      at::Tensor scores = at::tensor(cand_score, at::kFloat);
+      at::Tensor best = std::get<1>(at::topk(scores, std::min<int64_t>(k, scores.size(0))));
+      frontier.clear();
+      for (int64_t j = 0; j < best.size(0); ++j) frontier.push_back(first + best[j].item<int64_t>());
+    }
+    tree.kept.assign(tree.token.size(), false);
+    at::Tensor all = at::tensor(tree.score, at::kFloat);
+    at::Tensor keep = std::get<1>(at::topk(all, std::min<int64_t>(o.total_tokens, all.size(0))));
+    for (int64_t j = 0; j < keep.size(0); ++j) tree.kept[keep[j].item<int64_t>()] = true;
+    return tree;
+  }
+
   void Reserve(int64_t needed) {
     if (needed <= capacity_) return;
     const int64_t cap = std::max<int64_t>(needed, capacity_ * 2);
@@ -337,20 +427,27 @@ class MtpSession : public DraftSession {
   int64_t length_ = 0;
   at::Tensor last_;    // [1, H]: the last context row's output
   at::Tensor hidden_;  // the last chain's outputs (Inspect)
+  std::optional<Eagle3TreeOptions> tree_;
+  std::vector<DraftTree>* trees_;
 };
 
 class MtpBlockDrafter : public BlockDrafter {
  public:
-  MtpBlockDrafter(const MtpHead* head, int32_t block_size) : head_(head), block_size_(block_size) {}
+  MtpBlockDrafter(const MtpHead* head, int32_t block_size,
+                  std::optional<Eagle3TreeOptions> tree = std::nullopt,
+                  std::vector<DraftTree>* trees = nullptr)
+      : head_(head), block_size_(block_size), tree_(tree), trees_(trees) {}
   int32_t block_size() const override { return block_size_; }
-  bool conditions_on_drafts() const override { return true; }  // a chain
+  bool conditions_on_drafts() const override { return true; }  // a chain, or a tree
   std::unique_ptr<DraftSession> NewSession(int64_t capacity) override {
-    return std::make_unique<MtpSession>(head_, capacity);
+    return std::make_unique<MtpSession>(head_, capacity, tree_, trees_);
   }
 
  private:
   const MtpHead* head_;
   int32_t block_size_;
+  std::optional<Eagle3TreeOptions> tree_;
+  std::vector<DraftTree>* trees_;
 };
 
 class MtpFamilyDrafter : public Drafter {
@@ -363,7 +460,7 @@ class MtpFamilyDrafter : public Drafter {
     s.config_json = std::move(config_json);
     s.method = "mtp";
     s.format = FormatName(c.format);
-    s.tree = "";  // a chain
+    s.tree = kTreeEagle;  // its chain, or EAGLE's top-k tree grown by the head
     s.uses_mask_token = false;
     s.needs_target_head = true;
     s.autoregressive = true;
@@ -417,6 +514,11 @@ class MtpFamilyDrafter : public Drafter {
   }
   std::unique_ptr<BlockDrafter> Chain() override {
     return std::make_unique<MtpBlockDrafter>(head_.get(), spec_.block_size);
+  }
+  std::unique_ptr<BlockDrafter> Tree(const TreeSettings& trees, int32_t budget,
+                                     std::vector<DraftTree>* record) override {
+    return std::make_unique<MtpBlockDrafter>(
+        head_.get(), trees.depth + 1, Eagle3TreeOptions{trees.depth, trees.top_k, budget}, record);
   }
 
  private:
