@@ -535,6 +535,18 @@ def hf_trajectories(target, prompts: torch.Tensor, max_new_tokens: int) -> list[
                            eos_token_id=None, pad_token_id=0).tolist()
 
 
+def seen_pair(hf, prompt_len: int, max_new_tokens: int, block: int, target_layer_ids,
+              g: torch.Generator):
+    """The start of a trained pair: 8 random prompts (ids < 500) drawn from g, their greedy
+    trajectories and a fresh 2-layer drafter (a sliding layer, window 12, then a full one) of
+    that block size, to train on them."""
+    seen = torch.randint(0, 500, (8, prompt_len), generator=g)
+    sequences = hf_trajectories(hf, seen, max_new_tokens)
+    cfg = drafter_config(hf.config, block_size=block, target_layer_ids=target_layer_ids,
+                         layer_types=["sliding_attention", "full_attention"], sliding_window=12)
+    return seen, sequences, new_drafter(cfg, seed=1, perturb=False)
+
+
 @torch.inference_mode()
 def greedy_batch(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy trajectories (prompt + completion, no stop token) of equal-length prompts, batched."""

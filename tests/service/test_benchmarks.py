@@ -137,13 +137,20 @@ def test_humaneval_from_the_package():
     assert all("```python" in p.prompt for p in got)
 
 
-def test_thinking_flag_rendered_and_recorded(tmp_path):
+def templated_target(tmp_path: Path) -> Path:
+    """tiny-qwen3's tokenizer with Qwen3's chat template (the prompts are encoded client-side;
+    the extractor serves tiny-qwen3 itself)."""
     target = tmp_path / "target"
     target.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
         shutil.copy(TARGET / f, target / f)
     shutil.copy(REPO / "tests" / "data" / "chat_templates" / "qwen3.jinja",
                 target / "chat_template.jinja")
+    return target
+
+
+def test_thinking_flag_rendered_and_recorded(tmp_path):
+    target = templated_target(tmp_path)
     f = write(tmp_path / "g", [record("gsm8k", random.Random(1), i) for i in range(3)], "jsonl")
     off = bm.prepare("gsm8k", f, target, thinking=False)
     on = bm.prepare("gsm8k", f, target, thinking=True)
@@ -221,18 +228,6 @@ def test_benchmarks_through_a_scorer_carry_prometheus_labels(tiny_extractor, tmp
                        for line in metrics.splitlines()), name
     finally:
         s.stop()
-
-
-def templated_target(tmp_path: Path) -> Path:
-    """tiny-qwen3's tokenizer with Qwen3's chat template (the prompts are encoded client-side;
-    the extractor serves tiny-qwen3 itself)."""
-    target = tmp_path / "target"
-    target.mkdir()
-    for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        shutil.copy(TARGET / f, target / f)
-    shutil.copy(REPO / "tests" / "data" / "chat_templates" / "qwen3.jinja",
-                target / "chat_template.jinja")
-    return target
 
 
 @pytest.mark.parametrize("name, thinking", [("mt-bench", False), ("speed-bench", None)])

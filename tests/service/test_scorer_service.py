@@ -88,11 +88,8 @@ def pair(tmp_path_factory) -> dict:
     make_tokenizer_json(target / "tokenizer.json")
     hf = F.hf_target(target)
     g = torch.Generator().manual_seed(0)
-    seen = torch.randint(0, 500, (8, PROMPT_LEN), generator=g)
-    sequences = F.hf_trajectories(hf, seen, MAX_NEW_TOKENS)
-    cfg = F.drafter_config(hf.config, block_size=BLOCK, target_layer_ids=TARGET_LAYER_IDS,
-                           layer_types=["sliding_attention", "full_attention"], sliding_window=12)
-    drafter = F.new_drafter(cfg, seed=1, perturb=False)
+    seen, sequences, drafter = F.seen_pair(hf, PROMPT_LEN, MAX_NEW_TOKENS, BLOCK,
+                                           TARGET_LAYER_IDS, g)
     F.train_drafter(drafter, hf, sequences, PROMPT_LEN, steps=100)
     drafter_dir = F.save_drafter(drafter, root / "trained-b8", zlab_rope={})
     unseen = torch.randint(0, 500, (2, 11), generator=g).tolist()

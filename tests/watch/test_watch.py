@@ -201,11 +201,8 @@ def setup(tmp_path_factory):
     target = Path(shutil.copytree(REPO / "models" / "tiny-qwen3", root / "tiny-qwen3"))
     hf = F.hf_target(target)
     g = torch.Generator().manual_seed(0)
-    seen = torch.randint(0, 500, (8, PROMPT_LEN), generator=g)
-    sequences = F.hf_trajectories(hf, seen, MAX_NEW_TOKENS)
-    cfg = F.drafter_config(hf.config, block_size=BLOCK, target_layer_ids=TARGET_LAYER_IDS,
-                           layer_types=["sliding_attention", "full_attention"], sliding_window=12)
-    drafter = F.new_drafter(cfg, seed=1, perturb=False)
+    seen, sequences, drafter = F.seen_pair(hf, PROMPT_LEN, MAX_NEW_TOKENS, BLOCK,
+                                           TARGET_LAYER_IDS, g)
     staged, step = {}, 0
     for n in STAGES:
         F.train_drafter(drafter, hf, sequences, PROMPT_LEN, steps=n, seed=step)

@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <utility>
+
 namespace specwire {
 
 int64_t DraftSession::AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
@@ -13,6 +16,51 @@ int64_t DraftSession::AcceptedDrafts(int64_t anchor, int64_t start, int64_t len,
   int64_t a = 0;
   while (a < len - 1 && d[a] == truth[a]) ++a;
   return a;
+}
+
+DraftTree GrowTopKTree(int32_t levels, int64_t top_k, int64_t total_tokens,
+                       const at::Tensor& root_log_probs,
+                       const std::function<at::Tensor(const DraftTree&, int64_t)>& expand,
+                       const std::function<int64_t(int64_t)>& to_token) {
+  DraftTree tree;
+  auto add = [&](int64_t token, int64_t parent, int32_t level, float score) {
+    tree.token.push_back(token);
+    tree.parent.push_back(parent);
+    tree.level.push_back(level);
+    tree.score.push_back(score);
+  };
+  const int64_t k = std::min<int64_t>(top_k, root_log_probs.numel());
+  {
+    auto [v, i] = at::topk(root_log_probs, k);
+    for (int64_t j = 0; j < k; ++j) add(to_token(i[j].item<int64_t>()), -1, 1, v[j].item<float>());
+  }
+  std::vector<int64_t> frontier(k);
+  for (int64_t j = 0; j < k; ++j) frontier[j] = j;
+  for (int32_t level = 2; level <= levels; ++level) {
+    std::vector<float> cand_score;
+    std::vector<std::pair<int64_t, int64_t>> cand;  // (parent node, token)
+    for (int64_t f : frontier) {
+      auto [v, i] = at::topk(expand(tree, f), k);
+      for (int64_t j = 0; j < k; ++j) {
+        cand.emplace_back(f, to_token(i[j].item<int64_t>()));
+        cand_score.push_back(tree.score[f] + v[j].item<float>());
+      }
+    }
+    const int64_t first = static_cast<int64_t>(tree.token.size());
+    for (size_t c = 0; c < cand.size(); ++c) {
+      add(cand[c].second, cand[c].first, level, cand_score[c]);
+    }
+    if (level == levels) break;
+    at::Tensor scores = at::tensor(cand_score, at::kFloat);
+    at::Tensor best = std::get<1>(at::topk(scores, std::min<int64_t>(k, scores.size(0))));
+    frontier.clear();
+    for (int64_t j = 0; j < best.size(0); ++j) frontier.push_back(first + best[j].item<int64_t>());
+  }
+  tree.kept.assign(tree.token.size(), false);
+  at::Tensor all = at::tensor(tree.score, at::kFloat);
+  at::Tensor keep = std::get<1>(at::topk(all, std::min<int64_t>(total_tokens, all.size(0))));
+  for (int64_t j = 0; j < keep.size(0); ++j) tree.kept[keep[j].item<int64_t>()] = true;
+  return tree;
 }
 
 std::vector<int64_t> NextTokens(const std::vector<int64_t>& traj, int64_t first, int64_t n) {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,17 @@ struct DraftTree {
   // (what greedy tree verification commits): its length.
   int64_t Accepted(std::span<const int64_t> truth) const;
 };
+
+// EAGLE's top-k tree (EAGLE-2's dynamic tree) of `levels` levels: the root's top_k children by
+// root_log_probs ([V] fp32, on the CPU); at each further level the top_k nodes of the level
+// before, by cumulative log-probability, each expanded into its top_k children by
+// expand(tree, node) (the node's children's log-probs, the same shape; nodes are expanded in
+// frontier order, each once); the total_tokens best nodes kept. to_token maps an index of the
+// log-probs to a node's token (a draft vocabulary's target id).
+DraftTree GrowTopKTree(int32_t levels, int64_t top_k, int64_t total_tokens,
+                       const at::Tensor& root_log_probs,
+                       const std::function<at::Tensor(const DraftTree&, int64_t)>& expand,
+                       const std::function<int64_t(int64_t)>& to_token);
 
 // One response's drafting state (the replay's view of a drafter; tests use fakes).
 class DraftSession {

@@ -724,64 +724,28 @@ Eagle3Tree Eagle3Drafter::DraftTree(Eagle3Cache& cache, const Eagle3TreeOptions&
   const int64_t k = std::min<int64_t>(options.top_k, m.config.draft_vocab_size);
   EnsureCapacity(cache, cache.length_ + k * levels + 1);
   auto kv = Views(cache.k_, cache.v_, m.dtype, m.device);
-  Eagle3Tree tree;
-  std::vector<at::Tensor> out_h;     // per node: its row's output (frontier nodes only)
-  std::vector<int64_t> slot_of;      // per node: its row's cache slot (−1: no row)
-  auto add = [&](int64_t token, int64_t parent, int32_t level, float score) {
-    tree.token.push_back(token);
-    tree.parent.push_back(parent);
-    tree.level.push_back(level);
-    tree.score.push_back(score);
-    out_h.emplace_back();
-    slot_of.push_back(-1);
-  };
+  std::vector<at::Tensor> out_h;  // per node: its row's output (expanded nodes only)
+  std::vector<int64_t> slot_of;   // per node: its row's cache slot (−1: no row)
   auto log_probs = [&](const at::Tensor& h) {
     return at::log_softmax(m.Head(h).reshape({-1}), -1).to(at::kCPU);
   };
-  {
-    auto [v, i] = at::topk(log_probs(cache.last_hidden_), k);
-    for (int64_t j = 0; j < k; ++j) {
-      add(m.draft_to_target[i[j].item<int64_t>()], -1, 1, v[j].item<float>());
-    }
-  }
-  std::vector<int64_t> frontier(k);
-  for (int64_t j = 0; j < k; ++j) frontier[j] = j;
   int64_t next_slot = cache.length_;
-  for (int32_t level = 2; level <= levels; ++level) {
-    std::vector<float> cand_score;
-    std::vector<std::pair<int64_t, int64_t>> cand;  // (parent node, target token)
-    for (int64_t f : frontier) {
-      std::vector<int64_t> ancestors;
-      for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
-      std::reverse(ancestors.begin(), ancestors.end());
-      const at::Tensor& hp = tree.parent[f] >= 0 ? out_h[tree.parent[f]] : cache.last_hidden_;
-      at::Tensor g = m.config.feed_normed_hidden ? m.Norm(hp, m.norm) : hp;
-      const int64_t ids[1] = {tree.token[f]};
-      const int64_t pos = cache.length_ - 1 + m.config.position_offset + tree.level[f];
-      slot_of[f] = next_slot++;
-      out_h[f] = m.TreeRow(kv, cache.length_, slot_of[f], ancestors, pos, m.Embed(ids), g);
-      auto [v, i] = at::topk(log_probs(out_h[f]), k);
-      for (int64_t j = 0; j < k; ++j) {
-        cand.emplace_back(f, m.draft_to_target[i[j].item<int64_t>()]);
-        cand_score.push_back(tree.score[f] + v[j].item<float>());
-      }
-    }
-    const int64_t first = static_cast<int64_t>(tree.token.size());
-    for (size_t c = 0; c < cand.size(); ++c) {
-      add(cand[c].second, cand[c].first, level, cand_score[c]);
-    }
-    if (level == levels) break;
-    at::Tensor scores = at::tensor(cand_score, at::kFloat);
-    at::Tensor best = std::get<1>(at::topk(scores, std::min<int64_t>(k, scores.size(0))));
-    frontier.clear();
-    for (int64_t j = 0; j < best.size(0); ++j) frontier.push_back(first + best[j].item<int64_t>());
-  }
-  tree.kept.assign(tree.token.size(), false);
-  at::Tensor all = at::tensor(tree.score, at::kFloat);
-  at::Tensor keep = std::get<1>(
-      at::topk(all, std::min<int64_t>(options.total_tokens, all.size(0))));
-  for (int64_t j = 0; j < keep.size(0); ++j) tree.kept[keep[j].item<int64_t>()] = true;
-  return tree;
+  auto expand = [&](const Eagle3Tree& tree, int64_t f) {
+    out_h.resize(tree.token.size());
+    slot_of.resize(tree.token.size(), -1);
+    std::vector<int64_t> ancestors;
+    for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
+    std::reverse(ancestors.begin(), ancestors.end());
+    const at::Tensor& hp = tree.parent[f] >= 0 ? out_h[tree.parent[f]] : cache.last_hidden_;
+    at::Tensor g = m.config.feed_normed_hidden ? m.Norm(hp, m.norm) : hp;
+    const int64_t ids[1] = {tree.token[f]};
+    const int64_t pos = cache.length_ - 1 + m.config.position_offset + tree.level[f];
+    slot_of[f] = next_slot++;
+    out_h[f] = m.TreeRow(kv, cache.length_, slot_of[f], ancestors, pos, m.Embed(ids), g);
+    return log_probs(out_h[f]);
+  };
+  return GrowTopKTree(levels, options.top_k, options.total_tokens, log_probs(cache.last_hidden_),
+                      expand, [&](int64_t d) { return m.draft_to_target[d]; });
 }
 
 int64_t Eagle3Drafter::ToTarget(int64_t draft_id) const { return impl_->draft_to_target.at(draft_id); }

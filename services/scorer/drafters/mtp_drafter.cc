@@ -345,64 +345,29 @@ class MtpSession : public DraftSession {
     TORCH_CHECK(levels >= 1, "MTP tree of ", levels, " levels");
     c10::InferenceMode guard;
     Reserve(length_ + levels + 1);
-    const int64_t V = head_->lm_head.size(0);
-    const int64_t k = std::min<int64_t>(o.top_k, V);
-    DraftTree tree;
     std::vector<at::Tensor> out, key, value;  // per expanded node: its row's output and K/V
-    auto add = [&](int64_t token, int64_t parent, int32_t level, float score) {
-      tree.token.push_back(token);
-      tree.parent.push_back(parent);
-      tree.level.push_back(level);
-      tree.score.push_back(score);
-      out.emplace_back();
-      key.emplace_back();
-      value.emplace_back();
-    };
     auto log_probs = [&](const at::Tensor& y) {
       return at::log_softmax(head_->Logits(y).reshape({-1}), -1).to(at::kCPU);
     };
-    {
-      auto [v, i] = at::topk(log_probs(last_), k);
-      for (int64_t j = 0; j < k; ++j) add(i[j].item<int64_t>(), -1, 1, v[j].item<float>());
-    }
-    std::vector<int64_t> frontier(k);
-    for (int64_t j = 0; j < k; ++j) frontier[j] = j;
-    for (int32_t level = 2; level <= levels; ++level) {
-      std::vector<float> cand_score;
-      std::vector<std::pair<int64_t, int64_t>> cand;  // (parent node, token)
-      for (int64_t f : frontier) {
-        for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) {
-          const int64_t slot = length_ + tree.level[a] - 1;
-          cache_.k.narrow(2, slot, 1).copy_(key[a]);
-          cache_.v.narrow(2, slot, 1).copy_(value[a]);
-        }
-        const int64_t slot = length_ + tree.level[f] - 1;
-        const at::Tensor& parent = tree.parent[f] >= 0 ? out[tree.parent[f]] : last_;
-        const int64_t token[1] = {tree.token[f]};
-        out[f] = head_->Rows(cache_, slot, parent, token);
-        key[f] = cache_.k.narrow(2, slot, 1).clone();
-        value[f] = cache_.v.narrow(2, slot, 1).clone();
-        auto [v, i] = at::topk(log_probs(out[f]), k);
-        for (int64_t j = 0; j < k; ++j) {
-          cand.emplace_back(f, i[j].item<int64_t>());
-          cand_score.push_back(tree.score[f] + v[j].item<float>());
-        }
+    auto expand = [&](const DraftTree& tree, int64_t f) {
+      out.resize(tree.token.size());
+      key.resize(tree.token.size());
+      value.resize(tree.token.size());
+      for (int64_t a = tree.parent[f]; a >= 0; a = tree.parent[a]) {
+        const int64_t slot = length_ + tree.level[a] - 1;
+        cache_.k.narrow(2, slot, 1).copy_(key[a]);
+        cache_.v.narrow(2, slot, 1).copy_(value[a]);
       }
-      const int64_t first = static_cast<int64_t>(tree.token.size());
-      for (size_t c = 0; c < cand.size(); ++c) {
-        add(cand[c].second, cand[c].first, level, cand_score[c]);
-      }
-      if (level == levels) break;
-      at::Tensor scores = at::tensor(cand_score, at::kFloat);
-      at::Tensor best = std::get<1>(at::topk(scores, std::min<int64_t>(k, scores.size(0))));
-      frontier.clear();
-      for (int64_t j = 0; j < best.size(0); ++j) frontier.push_back(first + best[j].item<int64_t>());
-    }
-    tree.kept.assign(tree.token.size(), false);
-    at::Tensor all = at::tensor(tree.score, at::kFloat);
-    at::Tensor keep = std::get<1>(at::topk(all, std::min<int64_t>(o.total_tokens, all.size(0))));
-    for (int64_t j = 0; j < keep.size(0); ++j) tree.kept[keep[j].item<int64_t>()] = true;
-    return tree;
+      const int64_t slot = length_ + tree.level[f] - 1;
+      const at::Tensor& parent = tree.parent[f] >= 0 ? out[tree.parent[f]] : last_;
+      const int64_t token[1] = {tree.token[f]};
+      out[f] = head_->Rows(cache_, slot, parent, token);
+      key[f] = cache_.k.narrow(2, slot, 1).clone();
+      value[f] = cache_.v.narrow(2, slot, 1).clone();
+      return log_probs(out[f]);
+    };
+    return GrowTopKTree(levels, o.top_k, o.total_tokens, log_probs(last_), expand,
+                        [](int64_t t) { return t; });
   }
 
   void Reserve(int64_t needed) {

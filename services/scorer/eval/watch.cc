@@ -156,6 +156,18 @@ absl::StatusOr<std::optional<CheckpointResult>> Settled(ResultsDb& db, const Che
   return row;
 }
 
+// A result row of checkpoint `c` on `label`, to be filled.
+CheckpointResult ResultOf(const CheckpointRef& c, const std::string& label) {
+  CheckpointResult r;
+  r.run = c.run;
+  r.step = c.step;
+  r.dataset = label;
+  r.source = c.source;
+  r.checkpoint_path = c.dir;
+  r.fingerprint = c.fingerprint;
+  return r;
+}
+
 }  // namespace
 
 absl::Status CheckCheckpointComplete(const std::string& dir) {
@@ -269,14 +281,8 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::Evaluate(
     spec.max_new_tokens = options_.max_new_tokens;
     spec.ddtree_budgets = options_.ddtree_budgets;
     spec.labels = {c.run, set.label, ""};  // method: the drafter's family
-    CheckpointResult r;
-    r.run = c.run;
-    r.step = c.step;
-    r.dataset = set.label;
-    r.source = c.source;
-    r.checkpoint_path = c.dir;
+    CheckpointResult r = ResultOf(c, set.label);
     r.checkpoint_digest = digest;
-    r.fingerprint = c.fingerprint;
     r.started_at = UtcNow();
     Log(absl::StrCat("scoring run ", c.run, " step ", c.step, " (", c.dir, ") on eval set ",
                      set.label));
@@ -321,13 +327,7 @@ absl::StatusOr<std::vector<CheckpointResult>> ContinuousEvaluator::RecordFailure
       out.push_back(*std::move(row));
       continue;
     }
-    CheckpointResult r;
-    r.run = c.run;
-    r.step = c.step;
-    r.dataset = set.label;
-    r.source = c.source;
-    r.checkpoint_path = c.dir;
-    r.fingerprint = c.fingerprint;
+    CheckpointResult r = ResultOf(c, set.label);
     r.status = "failed";
     r.error = error.ToString();
     r.started_at = r.finished_at = UtcNow();
