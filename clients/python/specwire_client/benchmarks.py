@@ -366,15 +366,14 @@ def score_turns(b: PreparedBenchmark, drafter: Union[str, Path], *, turns: int =
     """score() for b's first turn and each later one (the first `turns` turns; 0: all), each
     turn's prompts carried on with the answers the target gave in the turn before."""
     rows: list[dict[str, Any]] = []
-    turn: Optional[PreparedBenchmark] = b
-    while turn is not None and (turns <= 0 or turn.turn <= turns):
+    turn = b
+    while True:
         rows.append(score(turn, drafter, **options))
-        if turns > 0 and turn.turn >= turns:
-            break
-        if all(len(p.turns) <= turn.turn for p in turn.prompts):
-            break
-        turn = next_turn(turn, answers(rows[-1]["report"], len(turn.prompts)))
-    return rows
+        if turn.turn == turns or all(len(p.turns) <= turn.turn for p in turn.prompts):
+            return rows
+        carried = next_turn(turn, answers(rows[-1]["report"], len(turn.prompts)))
+        assert carried is not None  # some prompt has another turn
+        turn = carried
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
