@@ -3,7 +3,7 @@
 //
 // Flags are defined next to the code whose options they fill: a binary's own in its main, the
 // shared ones once each in an options-from-flags module (common/rpc/server_flags.h,
-// clients/cpp/extractor_connection_flags.h, services/scorer/runner_flags.h, ...) that every main
+// clients/cpp/extractor_connection_flags.h, common/request_flags.h, ...) that every main
 // needing that concern links. absl refuses unknown flags and bad values with a message naming the
 // flag (exit status 1), and --help lists every flag the binary links, its own and the shared ones.
 #pragma once

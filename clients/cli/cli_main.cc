@@ -37,27 +37,18 @@
 #include "clients/cpp/extractor_connection_flags.h"
 #include "clients/cpp/health_check.h"
 #include "clients/cpp/scorer_connection_flags.h"
+#include "common/checkpoint.h"
 #include "common/command_line.h"
 #include "common/contract.h"
 #include "common/memory_policy.h"
+#include "common/request_flags.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
-ABSL_FLAG(std::string, tokens_file, "",
-          "JSON file with a list of token-id lists (instead of --tokens).");
-ABSL_FLAG(std::string, text, "", "One text the server tokenizes.");
-ABSL_FLAG(std::string, prompts_file, "",
-          "JSON file with a list of prompts, each a string (tokenized by the server) or a list "
-          "of token ids (several texts: instead of --text).");
 ABSL_FLAG(bool, add_special_tokens, false,
           "Tokenize text prompts with the tokenizer's special tokens.");
-ABSL_FLAG(std::string, layers, "",
-          "Decoder layer ids k, comma-separated: output of layer k = HF hidden_states[k+1].");
-ABSL_FLAG(bool, embedding, false, "Also the embedding output (HF hidden_states[0]).");
-ABSL_FLAG(bool, final_norm, false, "Also the final-norm output (HF hidden_states[num_layers]).");
 ABSL_FLAG(std::string, wire_dtype, "bf16",
           "Dtype of the states on the wire: bf16 | fp32 | auto (the served target's compute "
           "dtype: fp32 for a float32 target, bf16 otherwise).");
@@ -66,8 +57,6 @@ ABSL_FLAG(std::string, out, "",
           "Output safetensors file (extract; optional for generate); export: the directory.");
 ABSL_FLAG(std::string, request_id, "", "Echoed by the server in its trailer and logs.");
 ABSL_FLAG(uint32_t, max_new_tokens, 32, "generate: tokens to generate at most.");
-ABSL_FLAG(std::string, stop, "", "generate: extra stop token ids, comma-separated.");
-ABSL_FLAG(bool, ignore_model_eos, false, "generate: do not stop at the model's eos_token_id.");
 ABSL_FLAG(bool, decode, false, "generate: add the completion's text (the server's detokenizer).");
 ABSL_FLAG(std::string, dataset, "",
           "export: JSONL of prepared lines {\"input_ids\": [...], \"loss_mask\": [...], "
@@ -108,88 +97,22 @@ Commands:
 The extractor is --extractor (default 127.0.0.1:50051; deadline --extractor_timeout, default
 300 s). Errors print the gRPC status code and message; the exit status is 1 (2 for bad flags).)";
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string out;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return out;
-}
-
-// A JSON list of prompts from `flag`'s file: token-id lists, and strings too when `texts`.
-absl::StatusOr<std::vector<InputSequence>> ReadPromptList(const std::string& path,
-                                                          const std::string& flag, bool texts) {
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected a JSON list of ", texts ? "prompts" : "token-id lists"));
-  }
-  std::vector<InputSequence> out;
-  for (size_t i = 0; i < j.size(); ++i) {
-    if (texts && j[i].is_string()) {
-      out.push_back(InputSequence::Text(j[i].get<std::string>()));
-      continue;
-    }
-    if (!j[i].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, ": entry ", i, texts ? " is neither a string nor a list" : " is not a list"));
-    }
-    std::vector<int64_t> ids;
-    for (const auto& v : j[i]) {
-      if (!v.is_number_integer()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, ": entry ", i, " holds a non-integer token id"));
-      }
-      ids.push_back(v.get<int64_t>());
-    }
-    out.push_back(InputSequence::Tokens(std::move(ids)));
-  }
-  return out;
-}
-
 // The sequences of a request: from exactly one of --tokens, --tokens_file, --text,
 // --prompts_file.
 absl::StatusOr<std::vector<InputSequence>> ReadInputs() {
-  const std::string tokens = absl::GetFlag(FLAGS_tokens);
-  const std::string tokens_file = absl::GetFlag(FLAGS_tokens_file);
-  const std::string text = absl::GetFlag(FLAGS_text);
-  const std::string prompts_file = absl::GetFlag(FLAGS_prompts_file);
-  const int sources =
-      !tokens.empty() + !tokens_file.empty() + !text.empty() + !prompts_file.empty();
-  if (sources != 1) {
+  if (TokenSourcesGiven() + PromptSourcesGiven() != 1) {
     return absl::InvalidArgumentError(
         "give exactly one of --tokens, --tokens_file, --text, --prompts_file");
   }
   std::vector<InputSequence> out;
-  if (!text.empty()) {
-    out.push_back(InputSequence::Text(text));
-  } else if (!tokens_file.empty()) {
-    SW_ASSIGN_OR_RETURN(out, ReadPromptList(tokens_file, "--tokens_file", /*texts=*/false));
-  } else if (!prompts_file.empty()) {
-    SW_ASSIGN_OR_RETURN(out, ReadPromptList(prompts_file, "--prompts_file", /*texts=*/true));
+  if (PromptSourcesGiven() == 1) {
+    SW_ASSIGN_OR_RETURN(out, TextPromptsFromFlags());
   } else {
-    for (absl::string_view s : absl::StrSplit(tokens, ';', absl::SkipWhitespace())) {
-      SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(s, "tokens"));
-      out.push_back(InputSequence::Tokens(std::move(ids)));
-    }
+    SW_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> seqs, TokenSequencesFromFlags());
+    for (std::vector<int64_t>& ids : seqs) out.push_back(InputSequence::Tokens(std::move(ids)));
   }
   if (out.empty()) return absl::InvalidArgumentError("no sequence given");
   return out;
-}
-
-absl::StatusOr<StateSelection> ReadStates() {
-  StateSelection s;
-  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
-    SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(layers, "layers"));
-    for (int64_t id : ids) s.layer_ids.push_back(static_cast<int32_t>(id));
-  }
-  s.embedding = absl::GetFlag(FLAGS_embedding);
-  s.final_norm = absl::GetFlag(FLAGS_final_norm);
-  return s;
 }
 
 // --wire_dtype; "auto" follows the served target's compute dtype, so it needs the contract
@@ -273,7 +196,7 @@ absl::StatusOr<ExtractParams> ExtractParamsFromFlags() {
   }
   ExtractParams p;
   SW_ASSIGN_OR_RETURN(p.sequences, ReadInputs());
-  SW_ASSIGN_OR_RETURN(p.states, ReadStates());
+  SW_ASSIGN_OR_RETURN(p.states, StatesFromFlags());
   SW_ASSIGN_OR_RETURN(p.dtype, ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), ""));
   p.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   p.request_id = absl::GetFlag(FLAGS_request_id);
@@ -285,11 +208,10 @@ absl::StatusOr<GenerateParams> GenerateParamsFromFlags() {
   GenerateParams p;
   SW_ASSIGN_OR_RETURN(p.prompts, ReadInputs());
   p.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-    SW_ASSIGN_OR_RETURN(p.stop_token_ids, ParseIntList(stop, "stop"));
-  }
-  p.ignore_model_eos = absl::GetFlag(FLAGS_ignore_model_eos);
-  SW_ASSIGN_OR_RETURN(p.states, ReadStates());
+  SW_ASSIGN_OR_RETURN(StopFlags stop, StopFromFlags());
+  p.stop_token_ids = std::move(stop.stop_token_ids);
+  p.ignore_model_eos = !stop.use_model_eos;
+  SW_ASSIGN_OR_RETURN(p.states, StatesFromFlags());
   SW_ASSIGN_OR_RETURN(p.dtype, ParseWireDType(absl::GetFlag(FLAGS_wire_dtype), ""));
   p.max_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   p.request_id = absl::GetFlag(FLAGS_request_id);
@@ -364,7 +286,7 @@ absl::StatusOr<ExportFlags> ExportFlagsFromFlags() {
   f.out = absl::GetFlag(FLAGS_out);
   if (f.out.empty()) return absl::InvalidArgumentError("--out: give the export's directory");
   if (absl::GetFlag(FLAGS_dataset).empty()) return absl::InvalidArgumentError("--dataset is required for export");
-  SW_ASSIGN_OR_RETURN(StateSelection states, ReadStates());
+  SW_ASSIGN_OR_RETURN(StateSelection states, StatesFromFlags());
   if (states.embedding || states.final_norm) {
     return absl::InvalidArgumentError("--embedding / --final_norm: export takes the layout's states "
                                       "(--layout, --layers)");
@@ -372,7 +294,7 @@ absl::StatusOr<ExportFlags> ExportFlagsFromFlags() {
   f.spec.layer_ids.assign(states.layer_ids.begin(), states.layer_ids.end());
   f.layers_given = !states.layer_ids.empty();
   if (const std::string d = absl::GetFlag(FLAGS_drafter); !d.empty()) {
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFile(d + "/config.json"));
+    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(d + "/config.json"));
     f.drafter = nlohmann::json::parse(text, nullptr, false);
     if (f.drafter.is_discarded() || !f.drafter.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat("--drafter: ", d, "/config.json is not a JSON object"));
@@ -399,7 +321,7 @@ absl::Status RunExport(ExtractorClient& client, ExportFlags& f) {
 }
 
 absl::StatusOr<CanaryFingerprint> ReadCanary(const std::string& path) {
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   auto c = CanaryFromJson(text);
   if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--compare: ", path, ": ", c.status().message()));
   return c;

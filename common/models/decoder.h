@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/extractor_api.h"
 #include "common/model_config.h"
 #include "common/models/kernel_set.h"
 #include "common/models/linear.h"
@@ -168,6 +169,10 @@ struct CaptureSpec {
   bool final_norm = false;
   bool empty() const { return layers.empty() && !embedding && !final_norm; }
 };
+// The extractor API's selection (common/extractor_api.h) as the decoder captures it.
+inline CaptureSpec CaptureOf(const StateSelection& s) {
+  return {s.layer_ids, s.embedding, s.final_norm};
+}
 
 struct CapturedStates {
   at::Tensor embedding;                  // [B, T, hidden] when requested

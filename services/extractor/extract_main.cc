@@ -16,39 +16,23 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/memory_policy.h"
+#include "common/models/engine.h"
 #include "common/models/kernel_set.h"
+#include "common/models/target_flags.h"
 #include "common/models/torch_util.h"
+#include "common/request_flags.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
-#include "common/models/engine.h"
-#include "common/models/target_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + *.safetensors). Required.");
-ABSL_FLAG(std::string, tokens, "", "Token ids, comma-separated; sequences separated by ';'.");
-ABSL_FLAG(std::string, tokens_file, "",
-          "JSON file with a list of token-id lists (instead of --tokens).");
-ABSL_FLAG(std::string, layers, "",
-          "extract: decoder layer ids k to capture: output of layer k = HF hidden_states[k+1].");
-ABSL_FLAG(bool, embedding, false,
-          "extract: also capture the embedding output (HF hidden_states[0]).");
-ABSL_FLAG(bool, final_norm, false,
-          "extract: also capture the final-norm output (HF hidden_states[num_layers]).");
 ABSL_FLAG(std::string, out, "", "extract: output safetensors file.");
 ABSL_FLAG(std::string, out_dtype, "float32",
           "extract: dtype of the written states: float32 | bfloat16 | float16.");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "generate: tokens to generate at most.");
-ABSL_FLAG(std::string, stop, "", "generate: extra stop token ids, comma-separated.");
-ABSL_FLAG(bool, ignore_model_eos, false,
-          "generate: do not stop at the model's eos_token_id (from generation_config.json when "
-          "present, else config.json).");
 
 namespace specwire {
 namespace {
@@ -60,39 +44,10 @@ Commands:
   extract    write hidden states of token sequences to a safetensors file
   generate   greedy completion of a prompt; prints JSON {"tokens": [...], "finish_reason": ...})";
 
+// The sequences of --tokens / --tokens_file (one of them is required).
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadSequences() {
-  std::vector<std::vector<int64_t>> seqs;
-  if (const std::string file = absl::GetFlag(FLAGS_tokens_file); !file.empty()) {
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_array()) {
-      return absl::InvalidArgumentError("--tokens_file: expected a JSON list of token-id lists");
-    }
-    for (const auto& s : j) {
-      std::vector<int64_t> ids;
-      if (!s.is_array())
-        return absl::InvalidArgumentError("--tokens_file: each entry must be a list");
-      for (const auto& v : s) {
-        if (!v.is_number_integer()) {
-          return absl::InvalidArgumentError("--tokens_file: token ids must be integers");
-        }
-        ids.push_back(v.get<int64_t>());
-      }
-      seqs.push_back(std::move(ids));
-    }
-  } else if (const std::string tokens = absl::GetFlag(FLAGS_tokens); !tokens.empty()) {
-    for (absl::string_view s : absl::StrSplit(tokens, ';')) {
-      if (absl::StripAsciiWhitespace(s).empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--tokens: sequence ", seqs.size(), " is empty"));
-      }
-      SW_ASSIGN_OR_RETURN(auto ids, ParseIntList(s, "tokens"));
-      seqs.push_back(std::move(ids));
-    }
-  } else {
-    return absl::InvalidArgumentError("give --tokens or --tokens_file");
-  }
-  return seqs;
+  if (TokenSourcesGiven() == 0) return absl::InvalidArgumentError("give --tokens or --tokens_file");
+  return TokenSequencesFromFlags();
 }
 
 std::string Summary(const std::string& name, const at::Tensor& t) {
@@ -129,10 +84,9 @@ absl::Status Run(const std::vector<std::string>& args) {
     SW_ASSIGN_OR_RETURN(auto seqs, ReadSequences());
     GenerateOptions opts;
     opts.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-    if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-      SW_ASSIGN_OR_RETURN(opts.stop_token_ids, ParseIntList(stop, "stop"));
-    }
-    opts.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
+    SW_ASSIGN_OR_RETURN(StopFlags stop, StopFromFlags());
+    opts.stop_token_ids = std::move(stop.stop_token_ids);
+    opts.use_config_eos = stop.use_model_eos;
     nlohmann::json results = nlohmann::json::array();
     for (const auto& prompt : seqs) {
       SW_ASSIGN_OR_RETURN(GenerateResult r, engine->Generate(prompt, opts));
@@ -143,12 +97,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   }
 
   SW_ASSIGN_OR_RETURN(auto seqs, ReadSequences());
-  CaptureSpec capture;
-  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
-    SW_ASSIGN_OR_RETURN(capture.layers, ParseIntList(layers, "layers"));
-  }
-  capture.embedding = absl::GetFlag(FLAGS_embedding);
-  capture.final_norm = absl::GetFlag(FLAGS_final_norm);
+  SW_ASSIGN_OR_RETURN(const StateSelection selection, StatesFromFlags());
+  const CaptureSpec capture = CaptureOf(selection);
   const std::string out_path = absl::GetFlag(FLAGS_out);
   if (out_path.empty()) return absl::InvalidArgumentError("--out is required for extract");
   SW_ASSIGN_OR_RETURN(at::ScalarType out_dtype, ParseComputeDtype(absl::GetFlag(FLAGS_out_dtype)));

@@ -37,14 +37,6 @@ HostState ToHostState(at::Tensor t, uint32_t seq, StateTap tap, int32_t layer_id
   return s;
 }
 
-CaptureSpec ToCapture(const StateSelection& s) {
-  CaptureSpec c;
-  c.layers = s.layer_ids;
-  c.embedding = s.embedding;
-  c.final_norm = s.final_norm;
-  return c;
-}
-
 // States of one sequence, in a fixed order: embedding, layers ascending, final norm.
 void AppendStates(const SequenceStates& st, const StateSelection& want, uint32_t seq,
                   int64_t num_layers, at::ScalarType dtype, std::vector<HostState>& out) {
@@ -186,7 +178,7 @@ class TorchBackend : public ExtractorBackend {
     const at::ScalarType out_dtype =
         same_dtype ? ToScalarType(works.front()->wire_dtype) : at::kFloat;
     SW_ASSIGN_OR_RETURN(std::vector<SequenceStates> states,
-                        engine_->Extract(all, ToCapture(united), out_dtype));
+                        engine_->Extract(all, CaptureOf(united), out_dtype));
     std::vector<ExtractOutput> outputs(works.size());
     absl::Status status = RunGuarded("extract", [&]() -> absl::Status {
       size_t next = 0;
@@ -242,7 +234,7 @@ class TorchBackend : public ExtractorBackend {
     options.max_draft_tokens = work.max_draft_tokens;
     options.sampling = {work.temperature, work.top_p, work.top_k};
     options.seed = work.seed;
-    options.capture = ToCapture(work.selection);
+    options.capture = CaptureOf(work.selection);
     std::unique_ptr<LiveSession> live;
     SW_RETURN_IF_ERROR(RunGuarded("session open", [&]() -> absl::Status {
       SW_ASSIGN_OR_RETURN(std::unique_ptr<TargetSession> s,

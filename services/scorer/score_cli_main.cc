@@ -43,6 +43,7 @@
 #include "common/checkpoint.h"
 #include "common/command_line.h"
 #include "common/digest.h"
+#include "common/request_flags.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/security.h"
 #include "common/status.h"
@@ -68,11 +69,6 @@ ABSL_FLAG(std::string, drafter, "",
 ABSL_FLAG(std::string, dataset, "",
           "JSONL prompts, one {\"prompt\": str} or {\"input_ids\": [int]} per line (a path on the "
           "scorer's host with --scorer).");
-ABSL_FLAG(std::string, prompts_file, "",
-          "Local JSON list of prompts (each a string or a list of token ids), sent inline.");
-ABSL_FLAG(std::string, tokens, "",
-          "Inline prompts as token ids: \"1,2,3;4,5,6\" (';' separates prompts).");
-ABSL_FLAG(std::string, text, "", "One inline text prompt (tokenized by the extractor).");
 ABSL_FLAG(int64_t, max_prompts, 0, "Score the first N prompts only (0: all).");
 ABSL_FLAG(int64_t, max_new_tokens, 256,
           "Greedy completion budget per prompt (dflash's max_new_tokens).");
@@ -228,38 +224,10 @@ absl::StatusOr<ScoreSpec> SpecFromFlags(const std::string& drafter) {
   s.drafter_path = drafter.empty() ? absl::GetFlag(FLAGS_drafter) : drafter;
   if (s.drafter_path.empty()) return absl::InvalidArgumentError("--drafter is required");
   s.dataset_path = absl::GetFlag(FLAGS_dataset);
-  if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(absl::GetFlag(FLAGS_prompts_file)));
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_array()) {
-      return absl::InvalidArgumentError("--prompts_file: expected a JSON list of prompts");
-    }
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (j[i].is_string()) {
-        s.prompts.push_back(InputSequence::Text(j[i].get<std::string>()));
-      } else if (j[i].is_array()) {
-        std::vector<int64_t> ids;
-        for (const json& v : j[i]) {
-          if (!v.is_number_integer()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("--prompts_file[", i, "]: token ids must be integers"));
-          }
-          ids.push_back(v.get<int64_t>());
-        }
-        s.prompts.push_back(InputSequence::Tokens(std::move(ids)));
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--prompts_file[", i, "]: a string or a list of ids"));
-      }
-    }
-  }
-  for (absl::string_view prompt :
-       absl::StrSplit(absl::GetFlag(FLAGS_tokens), ';', absl::SkipWhitespace())) {
-    SW_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseIntList(prompt, "tokens"));
-    s.prompts.push_back(InputSequence::Tokens(std::move(ids)));
-  }
-  if (!absl::GetFlag(FLAGS_text).empty())
-    s.prompts.push_back(InputSequence::Text(absl::GetFlag(FLAGS_text)));
+  // Inline prompts, sent with the job: --prompts_file's, --text, then --tokens' / --tokens_file's.
+  SW_ASSIGN_OR_RETURN(s.prompts, TextPromptsFromFlags());
+  SW_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> seqs, TokenSequencesFromFlags());
+  for (std::vector<int64_t>& ids : seqs) s.prompts.push_back(InputSequence::Tokens(std::move(ids)));
   s.max_prompts = absl::GetFlag(FLAGS_max_prompts);
   s.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   s.ddtree_budgets.clear();
@@ -323,9 +291,9 @@ ScoreReport NewReport(const ScoreSpec& spec) {
   r.capacity.verify_cost_per_token = absl::GetFlag(FLAGS_plan_verify_cost_per_token);
   r.capacity.autoregressive = absl::GetFlag(FLAGS_plan_autoregressive);
   // Digests of the inputs visible from here (through a scorer, its host's files may not be).
-  const std::string prompts_path = !spec.dataset_path.empty()
-                                       ? spec.dataset_path
-                                       : absl::GetFlag(FLAGS_prompts_file);
+  const std::string prompts_path = !spec.dataset_path.empty()  ? spec.dataset_path
+                                   : !PromptsFilePath().empty() ? PromptsFilePath()
+                                                                : TokensFilePath();
   r.inputs.dataset_digest = FileDigestOrEmpty(prompts_path);
   if (auto d = CheckpointDigest(spec.drafter_path); d.ok()) r.inputs.drafter_digest = *d;
   return r;
@@ -665,7 +633,7 @@ absl::Status RunReconcile(const std::vector<std::string>& args, const ScorerConn
   SW_ASSIGN_OR_RETURN(ScoreRunnerOptions runner, RunnerOptionsFromFlags());
   r.target = runner.head.target_checkpoint;
   r.extractor = extractors.address;
-  r.prompts_file = absl::GetFlag(FLAGS_prompts_file);
+  r.prompts_file = !PromptsFilePath().empty() ? PromptsFilePath() : TokensFilePath();
   r.max_tokens = IfGiven(FLAGS_max_new_tokens);
   r.bootstrap_resamples = IfGiven(FLAGS_bootstrap_resamples);
   r.bootstrap_seed = IfGiven(FLAGS_bootstrap_seed);
@@ -721,7 +689,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = specwire::ParseCommandLineFlags(
       argc, argv,
       "specwire-score (--scorer ADDR | --extractor ADDR) --drafter DIR (--dataset F | "
-      "--prompts_file F | --tokens IDS | --text T) [flags]\n"
+      "--prompts_file F | --tokens IDS | --tokens_file F | --text T) [flags]\n"
       "specwire-score --extractor ADDR --watch_dir DIR --eval_sets SETS [flags]\n"
       "specwire-score --compare A B [--extractor ADDR | --scorer ADDR] [flags]\n"
       "specwire-score --reconcile SERVED --drafter DIR --target_checkpoint DIR [flags] "

@@ -9,6 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from extractor_harness import binary, build_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +80,110 @@ def test_negative_values_are_refused_naming_the_flag(checkpoint):
     out = subprocess.run([str(binary("specwire-extract")), "info", f"--model={checkpoint}",
                           "--dtype=int8"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "--dtype" in out.stderr, out.stderr
+
+
+# What a request asks of the target (common/request_flags.h): each group defined once, in its
+# own object file, and a binary links (and --help lists) the groups it reads and no other.
+REQUEST_GROUPS = {"tokens": ("tokens", "tokens_file"), "prompts": ("text", "prompts_file"),
+                  "states": ("layers", "embedding", "final_norm"),
+                  "stop": ("stop", "ignore_model_eos")}
+REQUEST_USERS = {"specwire-extract": {"tokens", "states", "stop"},
+                 "specwire-cli": {"tokens", "prompts", "states", "stop"},
+                 "specwire-replay": {"tokens", "stop"},
+                 "specwire-score": {"tokens", "prompts"}}
+
+
+def request_binary(name: str) -> Path:
+    if name in ("specwire-replay", "specwire-score"):
+        return build_dir() / "services" / "scorer" / name
+    if name == "specwire-cli":
+        return build_dir() / "clients" / "cli" / name
+    return binary(name)
+
+
+def help_flags(exe: Path) -> set[str]:
+    text = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    return set(re.findall(r"^\s+--(\w+) \(", text, re.M))
+
+
+def test_request_flags_are_defined_once_and_linked_by_group():
+    found = definitions()
+    for group, names in REQUEST_GROUPS.items():
+        for name in names:
+            # bench/'s --layers names a workload ("all": every state), not a request's states.
+            tools = [f for f in found[name] if not f.startswith("bench/")]
+            assert tools == [f"common/request_flags_{group}.cc"], (name, found[name])
+    for name, groups in REQUEST_USERS.items():
+        listed = help_flags(request_binary(name))
+        for group, flags in REQUEST_GROUPS.items():
+            for flag in flags:
+                assert (flag in listed) == (group in groups), (name, group, flag)
+
+
+def request_case(tmp_path: Path, args: list[str]) -> list[str]:
+    files = {"{empty}": [[1, 2], []], "{text_id}": [[1, "a"]], "{not_a_list}": {"a": 1}}
+    out = []
+    for a in args:
+        for key, content in files.items():
+            if key in a:
+                f = tmp_path / (key.strip("{}") + ".json")
+                f.write_text(json.dumps(content))
+                a = a.replace(key, str(f))
+        out.append(a)
+    return out
+
+
+# The same bad request, the same refusal (INVALID_ARGUMENT naming the flag, exit 2) from every
+# binary that reads it; nothing is sent or loaded past it.
+BAD_REQUESTS = [
+    (["--tokens=1,2;;3"], '--tokens: sequences[1]: empty'),
+    (["--tokens=1,2;"], '--tokens: sequences[1]: empty'),
+    (["--tokens=1,x"], '--tokens: "x" is not an integer'),
+    (["--tokens_file={empty}"], "--tokens_file: sequences[1]: empty"),
+    (["--tokens_file={text_id}"], "--tokens_file: sequences[0]: token ids must be integers"),
+    (["--tokens_file={not_a_list}"], "--tokens_file: expected a JSON list of token-id lists"),
+    (["--tokens_file=/nonexistent/tokens.json"], "/nonexistent/tokens.json"),
+]
+
+
+def refusal(name: str, args: list[str], tmp_path: Path, extractor: str) -> tuple[int, str]:
+    base = {"specwire-extract": ["extract", "--model", str(ROOT / "models" / "tiny-qwen3"),
+                                 "--layers=0", f"--out={tmp_path / 'o.safetensors'}"],
+            "specwire-cli": ["extract", f"--extractor={extractor}", "--layers=0",
+                             f"--out={tmp_path / 'o.safetensors'}"],
+            "specwire-replay": ["replay", "--drafter", str(ROOT / "models" / "tiny-qwen3-eagle3"),
+                                "--target_checkpoint", str(ROOT / "models" / "tiny-qwen3")],
+            "specwire-score": [f"--extractor={extractor}", "--quiet",
+                               "--drafter", str(ROOT / "models" / "tiny-qwen3-eagle3")]}[name]
+    r = subprocess.run([str(request_binary(name)), *base, *args], capture_output=True, text=True,
+                       timeout=300)
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("case", range(len(BAD_REQUESTS)))
+def test_bad_request_refused_alike_everywhere(case, tmp_path):
+    args, message = BAD_REQUESTS[case]
+    args = request_case(tmp_path, args)
+    # An address nothing listens on: a binary that got past the flags would fail UNAVAILABLE.
+    for name in REQUEST_USERS:
+        code, err = refusal(name, args, tmp_path, "127.0.0.1:9")
+        if "/nonexistent/" in message:
+            assert code != 0 and message in err and "UNAVAILABLE" not in err, (name, err)
+            continue
+        assert code == 2 and f"INVALID_ARGUMENT: {message}" in err, (name, code, err)
+        assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_stop_flags_refused_alike(tmp_path):
+    for name, args in (("specwire-extract", ["generate", "--model",
+                                             str(ROOT / "models" / "tiny-qwen3"), "--tokens=1"]),
+                       ("specwire-cli", ["generate", "--extractor=127.0.0.1:9", "--tokens=1"]),
+                       ("specwire-replay", ["replay", "--drafter",
+                                            str(ROOT / "models" / "tiny-qwen3-eagle3"),
+                                            "--target_checkpoint",
+                                            str(ROOT / "models" / "tiny-qwen3"), "--tokens=1"])):
+        r = subprocess.run([str(request_binary(name)), *args, "--stop=2,x"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 2 and 'INVALID_ARGUMENT: --stop: "x" is not an integer' in r.stderr, (
+            name, r.stderr)

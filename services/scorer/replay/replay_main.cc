@@ -4,7 +4,7 @@
 // registry.h): the family is read from the checkpoint's own declaration.
 //
 //   specwire-replay [replay] --drafter DIR --target_checkpoint DIR
-//                            (--tokens_file F | --trajectories_file F)
+//                            (--tokens IDS | --tokens_file F | --trajectories_file F)
 //                            [--max_new_tokens N] [--ddtree 8,32] [--tree D,K,N] [--live] ...
 //   specwire-replay draft    --drafter DIR [--target_checkpoint DIR] --cases F.safetensors
 //                            --out F.safetensors
@@ -41,6 +41,7 @@
 #include "nlohmann/json.hpp"
 #include "common/models/engine.h"
 #include "common/models/target_flags.h"
+#include "common/request_flags.h"
 #include "services/scorer/acceptance/acceptance.h"
 #include "services/scorer/acceptance/statistics.h"
 #include "services/scorer/drafters/registry.h"
@@ -56,15 +57,10 @@ ABSL_FLAG(std::string, drafter, "",
           "(its mtp.* tensors; the same as naming the target's directory).");
 ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
-ABSL_FLAG(std::string, tokens_file, "",
-          "replay: JSON list of prompts (token-id lists); completions are the target's greedy "
-          "output.");
 ABSL_FLAG(std::string, trajectories_file, "",
           "replay: JSON list of {\"prompt\": [...], \"completion\": [...]} instead.");
 ABSL_FLAG(int64_t, max_new_tokens, 256,
           "replay: completion budget (dflash's max_new_tokens; specwire-score's default).");
-ABSL_FLAG(std::string, stop, "", "replay: extra stop token ids, comma-separated.");
-ABSL_FLAG(bool, ignore_model_eos, false, "replay: do not stop at the target's eos_token_id.");
 ABSL_FLAG(std::string, ddtree, "8",
           "replay: DDTree node budgets, comma-separated, or \"none\" (families whose tree is "
           "DDTree: DFlash's block marginals).");
@@ -83,7 +79,7 @@ ABSL_FLAG(int64_t, block, 0,
           "replay: drafts per step + 1 (0: the family's block; a chain may take any length, a "
           "block only up to its own).");
 ABSL_FLAG(bool, live, false,
-          "replay (--tokens_file): also run the real loop on each prompt with the target in "
+          "replay (--tokens / --tokens_file): also run the real loop on each prompt with the target in "
           "this process (a target session: draft, verify, commit, roll back), greedy, and "
           "report its step lengths (equal to the replay's) and its cost beside the replay's.");
 ABSL_FLAG(std::string, dspark_cutoff, "0.3,0.5,0.7",
@@ -134,17 +130,6 @@ absl::StatusOr<json> ReadJson(const std::string& path, const std::string& flag) 
   if (j.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": invalid JSON"));
   return j;
-}
-
-absl::StatusOr<std::vector<int64_t>> TokenList(const json& j, const std::string& what) {
-  if (!j.is_array()) return absl::InvalidArgumentError(what + ": expected a list of token ids");
-  std::vector<int64_t> ids;
-  for (const json& v : j) {
-    if (!v.is_number_integer())
-      return absl::InvalidArgumentError(what + ": token ids must be integers");
-    ids.push_back(v.get<int64_t>());
-  }
-  return ids;
 }
 
 // A --cases file: safetensors whose metadata "cases" is a JSON list.
@@ -295,12 +280,10 @@ absl::StatusOr<json> RunLive(Models& m, const std::vector<std::vector<int64_t>>&
   std::unique_ptr<BlockDrafter> block = m.drafter->Chain();
   LiveSettings settings;
   settings.max_new_tokens = max_new_tokens;
-  if (!absl::GetFlag(FLAGS_ignore_model_eos))
-    settings.stop_token_ids = m.engine->config().eos_token_ids;
-  if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-    SW_ASSIGN_OR_RETURN(std::vector<int64_t> extra, ParseIntList(stop, "stop"));
-    settings.stop_token_ids.insert(settings.stop_token_ids.end(), extra.begin(), extra.end());
-  }
+  SW_ASSIGN_OR_RETURN(const StopFlags stop, StopFromFlags());
+  if (stop.use_model_eos) settings.stop_token_ids = m.engine->config().eos_token_ids;
+  settings.stop_token_ids.insert(settings.stop_token_ids.end(), stop.stop_token_ids.begin(),
+                                 stop.stop_token_ids.end());
   TargetSessionOptions options;
   options.max_new_tokens = max_new_tokens;
   options.max_draft_tokens = block->block_size() - 1;
@@ -460,9 +443,9 @@ absl::Status RunReplay() {
         return absl::InvalidArgumentError(what +
                                           ": expected {\"prompt\": [...], \"completion\": [...]}");
       }
-      SW_ASSIGN_OR_RETURN(std::vector<int64_t> p, TokenList(j[i]["prompt"], what + ".prompt"));
+      SW_ASSIGN_OR_RETURN(std::vector<int64_t> p, TokenIdsFromJson(j[i]["prompt"], what + ".prompt"));
       SW_ASSIGN_OR_RETURN(std::vector<int64_t> c,
-                          TokenList(j[i]["completion"], what + ".completion"));
+                          TokenIdsFromJson(j[i]["completion"], what + ".completion"));
       if (p.empty()) return absl::InvalidArgumentError(what + ".prompt: empty");
       if (static_cast<int64_t>(c.size()) > max_new_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -472,21 +455,15 @@ absl::Status RunReplay() {
       completions.push_back(std::move(c));
       finish.push_back("given");
     }
-  } else if (const std::string file = absl::GetFlag(FLAGS_tokens_file); !file.empty()) {
+  } else if (TokenSourcesGiven() > 0) {
     const auto g0 = std::chrono::steady_clock::now();
-    SW_ASSIGN_OR_RETURN(json j, ReadJson(file, "tokens_file"));
-    if (!j.is_array())
-      return absl::InvalidArgumentError("--tokens_file: expected a list of prompts");
+    SW_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> given, TokenSequencesFromFlags());
+    SW_ASSIGN_OR_RETURN(StopFlags stop, StopFromFlags());
     GenerateOptions gen;
     gen.max_new_tokens = max_new_tokens;
-    gen.use_config_eos = !absl::GetFlag(FLAGS_ignore_model_eos);
-    if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
-      SW_ASSIGN_OR_RETURN(gen.stop_token_ids, ParseIntList(stop, "stop"));
-    }
-    for (size_t i = 0; i < j.size(); ++i) {
-      SW_ASSIGN_OR_RETURN(std::vector<int64_t> p,
-                          TokenList(j[i], absl::StrCat("--tokens_file[", i, "]")));
-      if (p.empty()) return absl::InvalidArgumentError(absl::StrCat("--tokens_file[", i, "]: empty"));
+    gen.use_config_eos = stop.use_model_eos;
+    gen.stop_token_ids = std::move(stop.stop_token_ids);
+    for (std::vector<int64_t>& p : given) {
       SW_ASSIGN_OR_RETURN(GenerateResult r, m.engine->Generate(p, gen));
       prompts.push_back(std::move(p));
       completions.push_back(std::move(r.tokens));
@@ -494,7 +471,7 @@ absl::Status RunReplay() {
     }
     generate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
   } else {
-    return absl::InvalidArgumentError("give --tokens_file or --trajectories_file");
+    return absl::InvalidArgumentError("give --tokens, --tokens_file or --trajectories_file");
   }
 
   std::vector<std::vector<int64_t>> trajectories;
@@ -582,9 +559,9 @@ absl::Status RunReplay() {
     }
   }
   if (absl::GetFlag(FLAGS_live)) {
-    if (absl::GetFlag(FLAGS_tokens_file).empty()) {
+    if (TokenSourcesGiven() == 0) {
       return absl::InvalidArgumentError(
-          "--live needs --tokens_file (the loop makes its own completions)");
+          "--live needs --tokens or --tokens_file (the loop makes its own completions)");
     }
     SW_ASSIGN_OR_RETURN(json live, RunLive(m, prompts, results, max_new_tokens));
     out["live"] = std::move(live);
@@ -752,7 +729,7 @@ absl::Status RunFeatures() {
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string what = absl::StrCat("--cases: case ", i);
     if (!cases[i].is_object()) return absl::InvalidArgumentError(what + ": not an object");
-    SW_ASSIGN_OR_RETURN(trajectories[i], TokenList(cases[i].value("trajectory", json()),
+    SW_ASSIGN_OR_RETURN(trajectories[i], TokenIdsFromJson(cases[i].value("trajectory", json()),
                                                    what + ".trajectory"));
     const int64_t T = static_cast<int64_t>(trajectories[i].size());
     prompt_lens[i] = cases[i].value("prompt_len", int64_t{0});
