@@ -192,6 +192,12 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
+absl::StatusOr<ConfigFile> ReadConfigFile(const std::string& dir) {
+  ConfigFile file{(std::filesystem::path(dir) / "config.json").string(), ""};
+  SW_ASSIGN_OR_RETURN(file.text, ReadFileToString(file.path));
+  return file;
+}
+
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
   std::error_code ec;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();

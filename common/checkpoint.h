@@ -39,6 +39,13 @@ class Checkpoint {
 // Reads a whole small file (config.json, tokenizer.json). NOT_FOUND names the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// A checkpoint directory's config.json: its path (which parse errors name) and its text.
+struct ConfigFile {
+  std::string path;
+  std::string text;
+};
+absl::StatusOr<ConfigFile> ReadConfigFile(const std::string& dir);
+
 // Writes `bytes` to `path` through `path`.tmp.<pid>, fsync and a rename (creating the parent
 // directories), so a reader sees the old file or the whole new one, never half of it.
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);

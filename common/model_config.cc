@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/json_reader.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -28,11 +29,15 @@ constexpr FamilyInfo kFamilies[] = {
     {"qwen3_5_text", ModelFamily::kQwen3_5, "Qwen3_5ForCausalLM"},
 };
 
+constexpr EnumName<LayerType> kLayerTypeNames[] = {
+    {LayerType::kFullAttention, "full_attention"},
+    {LayerType::kSlidingAttention, "sliding_attention"},
+    {LayerType::kLinearAttention, "linear_attention"}};
+
 absl::StatusOr<LayerType> ParseLayerType(const std::string& s) {
-  if (s == "full_attention") return LayerType::kFullAttention;
-  if (s == "sliding_attention") return LayerType::kSlidingAttention;
-  if (s == "linear_attention") return LayerType::kLinearAttention;
-  return absl::InvalidArgumentError(absl::StrCat("unknown layer type \"", s, "\""));
+  if (std::optional<LayerType> t = ValueOf(kLayerTypeNames, s)) return *t;
+  return absl::InvalidArgumentError(absl::StrCat("unknown layer type \"", s, "\" (expected one of ",
+                                                 NamesOf(kLayerTypeNames, ", "), ")"));
 }
 
 // transformers' get_mscale (YaRN's attention factor).
@@ -401,17 +406,7 @@ absl::StatusOr<ModelConfig> ParseTextConfig(const json& root, absl::string_view 
 
 }  // namespace
 
-const char* LayerTypeName(LayerType t) {
-  switch (t) {
-    case LayerType::kFullAttention:
-      return "full_attention";
-    case LayerType::kSlidingAttention:
-      return "sliding_attention";
-    case LayerType::kLinearAttention:
-      return "linear_attention";
-  }
-  return "?";
-}
+const char* LayerTypeName(LayerType t) { return NameOf(kLayerTypeNames, t); }
 
 const char* ModelFamilyName(ModelFamily f) {
   for (const auto& info : kFamilies) {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -161,21 +162,13 @@ bool WriteAll(int fd, const void* data, size_t n) {
 
 }  // namespace
 
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF16:
-      return "F16";
-    case DType::kF32:
-      return "F32";
-    case DType::kI64:
-      return "I64";
-    case DType::kBool:
-      return "BOOL";
-  }
-  return "?";
-}
+constexpr EnumName<DType> kDTypeNames[] = {{DType::kBF16, "BF16"},
+                                           {DType::kF16, "F16"},
+                                           {DType::kF32, "F32"},
+                                           {DType::kI64, "I64"},
+                                           {DType::kBool, "BOOL"}};
+
+const char* DTypeName(DType d) { return NameOf(kDTypeNames, d); }
 
 size_t DTypeSize(DType d) {
   switch (d) {
@@ -195,15 +188,11 @@ size_t DTypeSize(DType d) {
 bool IsFloat(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
 
 absl::StatusOr<DType> ParseDTypeName(std::string_view name) {
-  if (name == "BF16") return DType::kBF16;
-  if (name == "F16") return DType::kF16;
-  if (name == "F32") return DType::kF32;
-  if (name == "I64") return DType::kI64;
-  if (name == "BOOL") return DType::kBool;
+  if (std::optional<DType> d = ValueOf(kDTypeNames, name)) return *d;
   // Debian's absl has its own string_view type, which std::string_view does not convert to.
   return absl::InvalidArgumentError(
       absl::StrCat("dtype \"", absl::string_view(name.data(), name.size()),
-                   "\" is not supported (expected BF16, F16, F32, I64 or BOOL)"));
+                   "\" is not supported (expected one of ", NamesOf(kDTypeNames, ", "), ")"));
 }
 
 int64_t TensorView::numel() const {

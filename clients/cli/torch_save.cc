@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 
 namespace specwire {
 namespace {
@@ -13,21 +14,12 @@ void Le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-const char* StorageClass(DType d) {
-  switch (d) {
-    case DType::kBF16:
-      return "BFloat16Storage";
-    case DType::kF16:
-      return "HalfStorage";
-    case DType::kF32:
-      return "FloatStorage";
-    case DType::kI64:
-      return "LongStorage";
-    case DType::kBool:
-      return "BoolStorage";
-  }
-  return "FloatStorage";
-}
+// torch's legacy storage class of each dtype, as torch.save pickles it.
+constexpr EnumName<DType> kStorageClasses[] = {{DType::kBF16, "BFloat16Storage"},
+                                               {DType::kF16, "HalfStorage"},
+                                               {DType::kF32, "FloatStorage"},
+                                               {DType::kI64, "LongStorage"},
+                                               {DType::kBool, "BoolStorage"}};
 
 // Protocol-2 pickle opcodes, as Python's pickle writes them.
 class Pickle {
@@ -154,7 +146,7 @@ std::string TorchSaveDict(const std::vector<SavedTensor>& tensors) {
     p.Mark();
     p.Mark();  // the persistent id: ("storage", class, key, location, numel)
     p.String("storage");
-    p.Global("torch", StorageClass(t.dtype));
+    p.Global("torch", NameOf(kStorageClasses, t.dtype));
     p.String(std::to_string(i));
     p.String("cpu");
     p.Int(numel);

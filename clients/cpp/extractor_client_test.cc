@@ -353,8 +353,6 @@ TEST(ExtractorClientTest, UnreachableServerIsUnavailable) {
 class FakeBackend final : public ExtractorBackend {
  public:
   const ExtractionContract& contract() const override { return contract_; }
-  int64_t vocab_size() const override { return contract_.vocab_size; }
-  int64_t num_layers() const override { return contract_.num_layers; }
   absl::StatusOr<std::vector<ExtractOutput>> ExtractBatch(
       const std::vector<const ExtractWork*>& works) override {
     std::vector<ExtractOutput> out;

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "common/rpc/payload_frame.h"
 
 namespace specwire {
@@ -59,17 +60,11 @@ absl::StatusOr<ServingStatus> DecodeResponse(const std::string& in) {
 }  // namespace
 
 const char* ServingStatusName(ServingStatus s) {
-  switch (s) {
-    case ServingStatus::kServing:
-      return "SERVING";
-    case ServingStatus::kNotServing:
-      return "NOT_SERVING";
-    case ServingStatus::kServiceUnknown:
-      return "SERVICE_UNKNOWN";
-    case ServingStatus::kUnknown:
-      break;
-  }
-  return "UNKNOWN";
+  constexpr EnumName<ServingStatus> kNames[] = {
+      {ServingStatus::kServing, "SERVING"},
+      {ServingStatus::kNotServing, "NOT_SERVING"},
+      {ServingStatus::kServiceUnknown, "SERVICE_UNKNOWN"}};
+  return NameOf(kNames, s, "UNKNOWN");
 }
 
 absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const std::string& service,

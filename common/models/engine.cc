@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/enum_names.h"
 #include "common/models/host_copies.h"
 #include "common/models/torch_util.h"
 #include "common/splitmix.h"
@@ -103,25 +104,21 @@ absl::Status ExtractionEngine::Validate(const std::vector<std::vector<int64_t>>&
   return absl::OkStatus();
 }
 
+constexpr EnumName<BatchLayout> kBatchLayoutNames[] = {{BatchLayout::kPacked, "packed"},
+                                                       {BatchLayout::kPerSequence, "per_sequence"},
+                                                       {BatchLayout::kPadded, "padded"}};
+
 absl::StatusOr<BatchLayout> ParseBatchLayout(absl::string_view name, absl::string_view field) {
-  if (name == "packed") return BatchLayout::kPacked;
-  if (name == "per_sequence") return BatchLayout::kPerSequence;
-  if (name == "padded") return BatchLayout::kPadded;
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": \"", name, "\" is not a batch layout (auto, packed, per_sequence, padded)"));
+  if (std::optional<BatchLayout> layout =
+          ValueOf(kBatchLayoutNames, std::string_view(name.data(), name.size()))) {
+    return *layout;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, ": \"", name,
+                                                 "\" is not a batch layout (auto, ",
+                                                 NamesOf(kBatchLayoutNames, ", "), ")"));
 }
 
-const char* BatchLayoutName(BatchLayout layout) {
-  switch (layout) {
-    case BatchLayout::kPacked:
-      return "packed";
-    case BatchLayout::kPerSequence:
-      return "per_sequence";
-    case BatchLayout::kPadded:
-      return "padded";
-  }
-  return "?";
-}
+const char* BatchLayoutName(BatchLayout layout) { return NameOf(kBatchLayoutNames, layout); }
 
 namespace {
 

@@ -217,10 +217,9 @@ KernelSet ResolveKernelSet(ModelFamily family, std::optional<KernelSet> choice) 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
                                                        const LoadOptions& options) {
   auto loaded = std::make_unique<LoadedModel>();
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
-  SW_ASSIGN_OR_RETURN(loaded->config, ParseModelConfig(config_text, config_path));
-  SW_RETURN_IF_ERROR(CheckTargetConfig(loaded->config, config_path));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+  SW_ASSIGN_OR_RETURN(loaded->config, ParseModelConfig(config_file.text, config_file.path));
+  SW_RETURN_IF_ERROR(CheckTargetConfig(loaded->config, config_file.path));
   const std::string gen_path = (std::filesystem::path(dir) / "generation_config.json").string();
   if (std::filesystem::exists(gen_path)) {
     SW_ASSIGN_OR_RETURN(std::string gen_text, ReadFileToString(gen_path));
@@ -381,7 +380,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir,
       c.skipped.push_back(s);
     }
     c.weights_digest = digest.Hex();
-    c.config_json = config_text;
+    c.config_json = config_file.text;
     const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
     if (std::filesystem::exists(tok_path)) {
       SW_ASSIGN_OR_RETURN(std::string tok, ReadFileToString(tok_path));

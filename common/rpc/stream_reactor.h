@@ -56,8 +56,9 @@ class StreamReactor
   // Fills the next message and returns true, or returns false when it has nothing more.
   using Producer = std::function<bool(Response*)>;
   // Called once, outside the reactor's lock, when the client cancels, the deadline passes or the
-  // client stops reading; `deadline` tells the deadline case apart.
-  using CancelHook = std::function<void(bool deadline)>;
+  // client stops reading, with why: DEADLINE_EXCEEDED "deadline exceeded" when the deadline
+  // passed, CANCELLED "request cancelled" otherwise (the status the work ends with).
+  using CancelHook = std::function<void(const absl::Status& why)>;
   // Called from OnDone with the final status code name ("OK", "CANCELLED", ...) and duration.
   using DoneHook = std::function<void(const std::string& code, double seconds)>;
   // Called once when the final status is handed to gRPC (before the client can see it), or at
@@ -237,7 +238,10 @@ class StreamReactor
       hook = std::move(on_cancel_);
       on_cancel_ = nullptr;
     }
-    if (hook) hook(DeadlinePassed());
+    if (hook) {
+      hook(DeadlinePassed() ? absl::DeadlineExceededError("deadline exceeded")
+                            : absl::CancelledError("request cancelled"));
+    }
   }
   void WriteNextLocked() {
     if (writing_ || finished_ || paused_) return;

@@ -1,5 +1,7 @@
 #include "services/extractor/metrics.h"
 
+#include "common/rpc/metric_families.h"
+
 namespace specwire {
 namespace {
 
@@ -10,81 +12,54 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
 
 ExtractorMetrics::ExtractorMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      requests_(prometheus::BuildCounter()
-                    .Name("specwire_extractor_requests_total")
-                    .Help("Finished RPCs by method and gRPC status code")
-                    .Register(*registry_)),
-      latency_(prometheus::BuildHistogram()
-                   .Name("specwire_extractor_request_duration_seconds")
-                   .Help("RPC latency from arrival to the last message, by method")
-                   .Register(*registry_)),
-      tokens_(prometheus::BuildCounter()
-                  .Name("specwire_extractor_tokens_total")
-                  .Help("Tokens processed (Extract: input tokens; Generate: prompt + completion)")
-                  .Register(*registry_)),
-      bytes_(prometheus::BuildCounter()
-                 .Name("specwire_extractor_streamed_bytes_total")
-                 .Help("Hidden-state and tensor payload bytes written to clients")
-                 .Register(*registry_)
+      requests_(CounterFamily(*registry_, "specwire_extractor_requests_total",
+                              "Finished RPCs by method and gRPC status code")),
+      latency_(HistogramFamily(*registry_, "specwire_extractor_request_duration_seconds",
+                               "RPC latency from arrival to the last message, by method")),
+      tokens_(
+          CounterFamily(*registry_, "specwire_extractor_tokens_total",
+                        "Tokens processed (Extract: input tokens; Generate: prompt + completion)")),
+      bytes_(CounterFamily(*registry_, "specwire_extractor_streamed_bytes_total",
+                           "Hidden-state and tensor payload bytes written to clients")
                  .Add({})),
-      batch_requests_(prometheus::BuildHistogram()
-                          .Name("specwire_extractor_batch_requests")
-                          .Help("Requests per engine batch")
-                          .Register(*registry_)
-                          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
-      batch_tokens_(prometheus::BuildHistogram()
-                        .Name("specwire_extractor_batch_tokens")
-                        .Help("Padded tokens per engine batch")
-                        .Register(*registry_)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     64, 256, 1024, 4096, 16384, 65536, 262144})),
-      queue_wait_(prometheus::BuildHistogram()
-                      .Name("specwire_extractor_queue_wait_seconds")
-                      .Help("Time requests wait for the engine")
-                      .Register(*registry_)
+      batch_requests_(
+          HistogramFamily(*registry_, "specwire_extractor_batch_requests",
+                          "Requests per engine batch")
+              .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
+      batch_tokens_(HistogramFamily(*registry_, "specwire_extractor_batch_tokens",
+                                    "Padded tokens per engine batch")
+                        .Add({}, prometheus::Histogram::BucketBoundaries{64, 256, 1024, 4096, 16384,
+                                                                         65536, 262144})),
+      queue_wait_(HistogramFamily(*registry_, "specwire_extractor_queue_wait_seconds",
+                                  "Time requests wait for the engine")
                       .Add({}, kLatencyBuckets)),
-      queue_depth_(prometheus::BuildGauge()
-                       .Name("specwire_extractor_queue_depth")
-                       .Help("Requests waiting for the engine")
-                       .Register(*registry_)
+      queue_depth_(GaugeFamily(*registry_, "specwire_extractor_queue_depth",
+                               "Requests waiting for the engine")
                        .Add({})),
-      active_streams_(prometheus::BuildGauge()
-                          .Name("specwire_extractor_active_streams")
-                          .Help("Open Extract / Generate / GetTensors streams")
-                          .Register(*registry_)
+      active_streams_(GaugeFamily(*registry_, "specwire_extractor_active_streams",
+                                  "Open Extract / Generate / GetTensors streams")
                           .Add({})),
-      running_sequences_(prometheus::BuildGauge()
-                             .Name("specwire_extractor_running_sequences")
-                             .Help("Generation sequences admitted (prefilling or decoding)")
-                             .Register(*registry_)
+      running_sequences_(GaugeFamily(*registry_, "specwire_extractor_running_sequences",
+                                     "Generation sequences admitted (prefilling or decoding)")
                              .Add({})),
-      decode_sequences_(prometheus::BuildHistogram()
-                            .Name("specwire_extractor_decode_step_sequences")
-                            .Help("Sequences one decoding step served (continuous batching)")
-                            .Register(*registry_)
-                            .Add({}, prometheus::Histogram::BucketBoundaries{
-                                         1, 2, 4, 8, 16, 32, 64, 128, 256})),
-      cache_reserved_bytes_(prometheus::BuildGauge()
-                                .Name("specwire_extractor_cache_reserved_bytes")
-                                .Help("Cache bytes the admitted generation sequences reserve "
-                                      "(of --kv_cache_bytes)")
-                                .Register(*registry_)
+      decode_sequences_(
+          HistogramFamily(*registry_, "specwire_extractor_decode_step_sequences",
+                          "Sequences one decoding step served (continuous batching)")
+              .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      cache_reserved_bytes_(GaugeFamily(*registry_, "specwire_extractor_cache_reserved_bytes",
+                                        "Cache bytes the admitted generation sequences reserve "
+                                        "(of --kv_cache_bytes)")
                                 .Add({})),
-      session_calls_(prometheus::BuildCounter()
-                         .Name("specwire_extractor_session_calls_total")
-                         .Help("Finished live-session calls by call (open, verify, commit) and "
-                               "outcome (ok, refused)")
-                         .Register(*registry_)),
-      open_sessions_(prometheus::BuildGauge()
-                         .Name("specwire_extractor_open_sessions")
-                         .Help("Live verification sessions open (of --max_sessions)")
-                         .Register(*registry_)
+      session_calls_(CounterFamily(*registry_, "specwire_extractor_session_calls_total",
+                                   "Finished live-session calls by call (open, verify, commit) and "
+                                   "outcome (ok, refused)")),
+      open_sessions_(GaugeFamily(*registry_, "specwire_extractor_open_sessions",
+                                 "Live verification sessions open (of --max_sessions)")
                          .Add({})),
-      session_tokens_(prometheus::BuildCounter()
-                          .Name("specwire_extractor_session_tokens_total")
-                          .Help("Live-session tokens by kind: drafted (sent for verification), "
-                                "accepted, rollback (run again to restore a partial commit)")
-                          .Register(*registry_)) {}
+      session_tokens_(CounterFamily(*registry_, "specwire_extractor_session_tokens_total",
+                                    "Live-session tokens by kind: drafted (sent for verification), "
+                                    "accepted, rollback (run again to restore a partial commit)")) {
+}
 
 void ExtractorMetrics::DecodeStep(int sequences) {
   decode_sequences_.Observe(static_cast<double>(sequences));

@@ -538,12 +538,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ExtractorService::StreamHiddenStates
   (*job).*Rpc::kOnDone =
       OnJobDone<Rpc>(r, metrics_, request.request_id(), chunk_bytes, work.*Rpc::kInputs);
   Scheduler* scheduler = scheduler_;
-  r->AttachWork([job, scheduler](bool deadline) {
+  r->AttachWork([job, scheduler](const absl::Status& why) {
     job->cancelled = true;
     // A queued job leaves the queue now (its callback fails the stream); a running one stops at
     // its next check.
-    scheduler->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
-                                    : absl::CancelledError("request cancelled"));
+    scheduler->Remove(job, why);
   });
   absl::Status submitted = scheduler_->Submit(job);
   metrics_->SetQueueDepth(scheduler_->queue_depth());

@@ -118,8 +118,9 @@ class ExtractorBackend {
  public:
   virtual ~ExtractorBackend() = default;
   virtual const ExtractionContract& contract() const = 0;
-  virtual int64_t vocab_size() const = 0;
-  virtual int64_t num_layers() const = 0;
+  // The target's vocabulary and decoder layers: the contract's unless a backend knows better.
+  virtual int64_t vocab_size() const { return contract().vocab_size; }
+  virtual int64_t num_layers() const { return contract().num_layers; }
   // The model's end-of-sequence token ids (config.json / generation_config.json).
   virtual std::vector<int64_t> eos_token_ids() const { return {}; }
   // Runs several requests' sequences as one batch; result i belongs to works[i].

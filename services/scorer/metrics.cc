@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "common/rpc/metric_families.h"
+
 namespace specwire {
 namespace {
 
@@ -18,68 +20,45 @@ std::map<std::string, std::string> Labels(const ScoreLabels& l) {
 
 ScorerMetrics::ScorerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      num_drafts_(prometheus::BuildCounter()
-                      .Name("specwire_spec_decode_num_drafts_total")
-                      .Help("Drafting steps (vLLM spec_decode_num_drafts)")
-                      .Register(*registry_)),
+      num_drafts_(CounterFamily(*registry_, "specwire_spec_decode_num_drafts_total",
+                                "Drafting steps (vLLM spec_decode_num_drafts)")),
       num_draft_tokens_(
-          prometheus::BuildCounter()
-              .Name("specwire_spec_decode_num_draft_tokens_total")
-              .Help("Drafted tokens, B - 1 per step (vLLM spec_decode_num_draft_tokens)")
-              .Register(*registry_)),
-      num_accepted_tokens_(prometheus::BuildCounter()
-                               .Name("specwire_spec_decode_num_accepted_tokens_total")
-                               .Help("Accepted draft tokens, bonus not counted (vLLM "
-                                     "spec_decode_num_accepted_tokens)")
-                               .Register(*registry_)),
+          CounterFamily(*registry_, "specwire_spec_decode_num_draft_tokens_total",
+                        "Drafted tokens, B - 1 per step (vLLM spec_decode_num_draft_tokens)")),
+      num_accepted_tokens_(CounterFamily(*registry_,
+                                         "specwire_spec_decode_num_accepted_tokens_total",
+                                         "Accepted draft tokens, bonus not counted (vLLM "
+                                         "spec_decode_num_accepted_tokens)")),
       num_accepted_tokens_per_pos_(
-          prometheus::BuildCounter()
-              .Name("specwire_spec_decode_num_accepted_tokens_per_pos_total")
-              .Help("Steps whose draft position `position` (0-based) was accepted (vLLM "
-                    "spec_decode_num_accepted_tokens_per_pos)")
-              .Register(*registry_)),
-      mean_acceptance_length_(prometheus::BuildGauge()
-                                  .Name("specwire_spec_decode_mean_acceptance_length")
-                                  .Help("Acceptance length tau (tokens per step, bonus counted) of "
-                                        "the latest job: kind mean_of_means (dflash) or pooled")
-                                  .Register(*registry_)),
+          CounterFamily(*registry_, "specwire_spec_decode_num_accepted_tokens_per_pos_total",
+                        "Steps whose draft position `position` (0-based) was accepted (vLLM "
+                        "spec_decode_num_accepted_tokens_per_pos)")),
+      mean_acceptance_length_(
+          GaugeFamily(*registry_, "specwire_spec_decode_mean_acceptance_length",
+                      "Acceptance length tau (tokens per step, bonus counted) of "
+                      "the latest job: kind mean_of_means (dflash) or pooled")),
       ddtree_mean_acceptance_length_(
-          prometheus::BuildGauge()
-              .Name("specwire_spec_decode_ddtree_mean_acceptance_length")
-              .Help("Tree acceptance length tau per node budget of the latest job (DDTree-N; "
-                    "EAGLE's top-k tree for method eagle3)")
-              .Register(*registry_)),
-      requests_(prometheus::BuildCounter()
-                    .Name("specwire_scorer_requests_total")
-                    .Help("Finished RPCs by method and gRPC status code")
-                    .Register(*registry_)),
-      latency_(prometheus::BuildHistogram()
-                   .Name("specwire_scorer_request_duration_seconds")
-                   .Help("RPC latency from arrival to the last message, by method")
-                   .Register(*registry_)),
-      prompts_(prometheus::BuildCounter()
-                   .Name("specwire_scorer_prompts_scored_total")
-                   .Help("Prompts replayed")
-                   .Register(*registry_)),
-      tokens_(prometheus::BuildCounter()
-                  .Name("specwire_scorer_tokens_total")
-                  .Help("Trajectory tokens replayed, by kind (prompt, completion)")
-                  .Register(*registry_)),
-      prompt_latency_(prometheus::BuildHistogram()
-                          .Name("specwire_scorer_prompt_duration_seconds")
-                          .Help("Time from one prompt's result to the next (generation + replay, "
-                                "overlapped)")
-                          .Register(*registry_)),
-      queue_depth_(prometheus::BuildGauge()
-                       .Name("specwire_scorer_queue_depth")
-                       .Help("Score jobs waiting for the worker")
-                       .Register(*registry_)
+          GaugeFamily(*registry_, "specwire_spec_decode_ddtree_mean_acceptance_length",
+                      "Tree acceptance length tau per node budget of the latest job (DDTree-N; "
+                      "EAGLE's top-k tree for method eagle3)")),
+      requests_(CounterFamily(*registry_, "specwire_scorer_requests_total",
+                              "Finished RPCs by method and gRPC status code")),
+      latency_(HistogramFamily(*registry_, "specwire_scorer_request_duration_seconds",
+                               "RPC latency from arrival to the last message, by method")),
+      prompts_(
+          CounterFamily(*registry_, "specwire_scorer_prompts_scored_total", "Prompts replayed")),
+      tokens_(CounterFamily(*registry_, "specwire_scorer_tokens_total",
+                            "Trajectory tokens replayed, by kind (prompt, completion)")),
+      prompt_latency_(
+          HistogramFamily(*registry_, "specwire_scorer_prompt_duration_seconds",
+                          "Time from one prompt's result to the next (generation + replay, "
+                          "overlapped)")),
+      queue_depth_(GaugeFamily(*registry_, "specwire_scorer_queue_depth",
+                               "Score jobs waiting for the worker")
                        .Add({})),
-      running_(prometheus::BuildGauge()
-                   .Name("specwire_scorer_jobs_running")
-                   .Help("Score jobs running (0 or 1)")
-                   .Register(*registry_)
-                   .Add({})) {}
+      running_(
+          GaugeFamily(*registry_, "specwire_scorer_jobs_running", "Score jobs running (0 or 1)")
+              .Add({})) {}
 
 void ScorerMetrics::RequestDone(const std::string& method, const std::string& code,
                                 double seconds) {

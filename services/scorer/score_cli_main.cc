@@ -52,6 +52,7 @@
 #include "services/scorer/report/compare.h"
 #include "services/scorer/report/reconcile_command.h"
 #include "services/scorer/eval/eval_flags.h"
+#include "services/scorer/replay/score_flags.h"
 #include "services/scorer/report/report.h"
 #include "services/scorer/runner_flags.h"
 #include "services/scorer/job/score_job.h"
@@ -70,8 +71,6 @@ ABSL_FLAG(std::string, dataset, "",
           "JSONL prompts, one {\"prompt\": str} or {\"input_ids\": [int]} per line (a path on the "
           "scorer's host with --scorer).");
 ABSL_FLAG(int64_t, max_prompts, 0, "Score the first N prompts only (0: all).");
-ABSL_FLAG(int64_t, max_new_tokens, 256,
-          "Greedy completion budget per prompt (dflash's max_new_tokens).");
 ABSL_FLAG(std::string, ddtree, "8",
           "Tree node budgets, comma-separated: DDTree-N for DFlash, EAGLE's top-k tree "
           "(total_tokens) for EAGLE-3.");
@@ -95,19 +94,12 @@ ABSL_FLAG(std::string, job_id, "",
 ABSL_FLAG(std::string, chat_template_record, "",
           "The chat template record (JSON, specwire_client.chat.TemplateRecord) the prompts were "
           "prepared under; a drafter trained under another one is refused.");
-// Statistics of the summary.
-ABSL_FLAG(int32_t, bootstrap_resamples, 1000,
-          "Bootstrap resamples of the 95% intervals over prompts (0: no intervals).");
-ABSL_FLAG(uint64_t, bootstrap_seed, 0, "Seed of the bootstrap resamples (same seed, same intervals).");
+// Statistics of the summary (and --bootstrap_resamples, --bootstrap_seed: score_flags.h).
 ABSL_FLAG(int64_t, token_window, 64,
           "Report tau by completion-token window of this many tokens (0: no windows).");
 ABSL_FLAG(std::string, temperature, "",
           "Teacher-forced acceptance at T > 0: settings \"T[:top_p[:top_k]]\", comma-separated "
           "(e.g. \"0.6:0.95:20,1.0\"); each reports tau_prob under both verification rules.");
-ABSL_FLAG(std::string, dspark_cutoff, "0.3,0.5,0.7",
-          "For families that predict their own acceptance (DSpark's confidence head), reported "
-          "beside tau with the calibration table: the predicted-survival cutoffs of an adaptive "
-          "verify length (comma-separated in [0, 1]; \"none\" for none), each with its tau.");
 ABSL_FLAG(std::string, live, "",
           "The real loop instead of the greedy replay, at a setting \"T[:top_p[:top_k]]\" (\"0\": "
           "greedy): each prompt through a live verification session on the extractor, the "
@@ -305,9 +297,8 @@ absl::Status RunOnScorer(const ScoreSpec& spec, const ScorerConnection& scorer, 
   report.mode = "scorer";
   report.endpoint = scorer.address;
   // The drafter lives on the scorer's host; its config is reported when visible from here too.
-  auto config =
-      ReadFileToString((std::filesystem::path(spec.drafter_path) / "config.json").string());
-  if (config.ok()) report.drafter.config_json = *config;
+  auto config = ReadConfigFile(spec.drafter_path);
+  if (config.ok()) report.drafter.config_json = config->text;
   report.drafter.path = spec.drafter_path;
 
   grpc::ChannelArguments args;

@@ -87,12 +87,11 @@ grpc::ServerWriteReactor<v1::ScoreResponse>* ScorerService::Score(grpc::Callback
     r->ReleaseWork();
   };
   ScoreWorker* worker = worker_;
-  r->AttachWork([job, worker](bool deadline) {
+  r->AttachWork([job, worker](const absl::Status& why) {
     job->cancelled = true;
     // A queued job leaves the queue now (its on_done fails the stream); a running one stops at
     // its next prompt.
-    worker->Remove(job, deadline ? absl::DeadlineExceededError("deadline exceeded")
-                                 : absl::CancelledError("request cancelled"));
+    worker->Remove(job, why);
   });
   absl::Status submitted = worker_->Submit(job);
   if (!submitted.ok()) {

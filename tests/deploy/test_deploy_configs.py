@@ -142,7 +142,7 @@ def test_scrape_jobs_match_the_services(compose):
 def exported_metrics() -> set[str]:
     names = set()
     for src in (REPO / "services").glob("*/metrics.cc"):
-        names |= set(re.findall(r'\.Name\("(specwire_\w+)"\)', src.read_text()))
+        names |= set(re.findall(r'Family\(\*registry_,\s*"(specwire_\w+)"', src.read_text()))
     return names
 
 

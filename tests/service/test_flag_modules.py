@@ -44,6 +44,31 @@ def test_shared_flags_are_defined_once():
         assert set(found[name]) <= allowed, (name, found[name])
 
 
+# What a scoring run reads in specwire-score and specwire-replay alike
+# (services/scorer/replay/score_flags.cc): one definition, so one default and one help text.
+SCORE_FLAGS = ("max_new_tokens", "bootstrap_resamples", "bootstrap_seed", "dspark_cutoff")
+
+
+def flag_help(exe: Path, flag: str) -> str:
+    """--flag's entry in exe's --help (its text and default), whitespace folded."""
+    text = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    m = re.search(rf"^\s+--{flag} \((.*?)\);", text, re.M | re.S)
+    assert m, (exe.name, flag)
+    return " ".join(m.group(1).split())
+
+
+def test_score_flags_are_defined_once_with_one_default():
+    found = definitions()
+    scorer = build_dir() / "services" / "scorer"
+    for name in SCORE_FLAGS:
+        # specwire-extract's and specwire-cli's --max_new_tokens are their generate verbs' own.
+        assert [f for f in found[name] if f.startswith("services/scorer/")] == [
+            "services/scorer/replay/score_flags.cc"], (name, found[name])
+        assert (flag_help(scorer / "specwire-score", name)
+                == flag_help(scorer / "specwire-replay", name)), name
+
+
 def help_of(exe: Path) -> str:
     text = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
                           timeout=60).stdout

@@ -23,10 +23,8 @@ Run time: about a minute on two cores.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -42,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 from extractor_harness import (REPO, ExtractorServer, build_dir, free_port,  # noqa: E402
                                metric_value)
+from processes import kill_process, stop_process  # noqa: E402
 
 pytest.importorskip("dflash", reason="the drafter comes from dflash's model code")
 import dflash_fixtures as F  # noqa: E402  (tests/parity, on sys.path via extractor_harness)
@@ -125,18 +124,12 @@ class WatchingScorer:
 
     def kill(self) -> None:
         """SIGKILL by PID (a crash), and reap."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            kill_process(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process(self.proc, 20)
 
 
 def db_rows(path: Path) -> list[dict]:
@@ -173,7 +166,7 @@ def test_training_dashboard_is_well_formed():
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
     exported = set()
     for src in ("eval/training_metrics.cc", "metrics.cc"):
-        exported |= set(re.findall(r'\.Name\("(specwire_\w+)"\)',
+        exported |= set(re.findall(r'Family\(\*registry_,\s*"(specwire_\w+)"',
                                    (REPO / "services" / "scorer" / src).read_text()))
     for p in dash["panels"]:
         if p["type"] == "row":

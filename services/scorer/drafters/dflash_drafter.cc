@@ -509,9 +509,8 @@ double DFlashDrafter::attention_scaling() const { return impl_->attention_scalin
 absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::string& dir,
                                                                    at::ScalarType dtype,
                                                                    const at::Device& device) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
-  SW_ASSIGN_OR_RETURN(DrafterConfig config, ParseDrafterConfig(text, config_path));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+  SW_ASSIGN_OR_RETURN(DrafterConfig config, ParseDrafterConfig(config_file.text, config_file.path));
   std::unique_ptr<DFlashDrafter> drafter(new DFlashDrafter());
   Impl& m = *drafter->impl_;
   m.config = std::move(config);
@@ -531,7 +530,7 @@ absl::StatusOr<std::unique_ptr<DFlashDrafter>> DFlashDrafter::Load(const std::st
         dtype, consumed,
         [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
           if (slot.name != "fc.weight") return std::string();
-          return absl::StrCat(config_path, ": key \"dflash_config.target_layer_ids\" has ",
+          return absl::StrCat(config_file.path, ": key \"dflash_config.target_layer_ids\" has ",
                               m.config.target_layer_ids.size(), " entries, so fc.weight must be ",
                               want, " (", m.config.target_layer_ids.size(), " x hidden_size ",
                               m.H(), " inputs), but the checkpoint has ", got);
@@ -1061,8 +1060,8 @@ absl::StatusOr<std::unique_ptr<Drafter>> MakeHeadsFamilyDrafter(
     const std::string& dir, absl::StatusOr<std::unique_ptr<BackboneHeads>> heads,
     std::string method, std::string format, std::string tree) {
   if (!heads.ok()) return heads.status();
-  SW_ASSIGN_OR_RETURN(std::string config_json, ReadDrafterConfigText(dir));
-  DrafterSpec spec = BackboneSpec((*heads)->backbone(), dir, std::move(config_json));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+  DrafterSpec spec = BackboneSpec((*heads)->backbone(), dir, std::move(config_file.text));
   spec.method = std::move(method);
   spec.format = std::move(format);
   spec.tree = std::move(tree);

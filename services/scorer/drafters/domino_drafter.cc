@@ -44,23 +44,23 @@ class DominoDrafter : public BackboneHeads {
   static absl::StatusOr<std::unique_ptr<DominoDrafter>> Load(const std::string& dir,
                                                              at::ScalarType dtype,
                                                              const at::Device& device) {
-    const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+    SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
     std::unique_ptr<DominoDrafter> d(new DominoDrafter());
     SW_ASSIGN_OR_RETURN(d->backbone_, DFlashDrafter::Load(dir, dtype, device));
     const DrafterConfig& bc = d->backbone_->config();
     if (!bc.domino || bc.dspark || bc.dflash2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          config_path, ": ", bc.domino ? "declares Domino and another DFlash family at once"
-                                       : "does not declare Domino (dflash_config.projector_type "
-                                         "\"domino\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_file.path, ": ",
+                       bc.domino ? "declares Domino and another DFlash family at once"
+                                 : "does not declare Domino (dflash_config.projector_type "
+                                   "\"domino\")"));
     }
-    SW_ASSIGN_OR_RETURN(d->config_, ParseDominoConfig(text, config_path));
+    SW_ASSIGN_OR_RETURN(d->config_, ParseDominoConfig(config_file.text, config_file.path));
     const int64_t H = bc.layers.hidden_size, V = bc.layers.vocab_size;
     const int64_t G = d->config_.gru_hidden_dim, E = d->config_.emb_dim;
     if (d->backbone_->output_vocab_size() != V) {
       return absl::InvalidArgumentError(absl::StrCat(
-          config_path, ": a draft vocabulary of ", d->backbone_->output_vocab_size(),
+          config_file.path, ": a draft vocabulary of ", d->backbone_->output_vocab_size(),
           " tokens; Domino's correction is over the target's ", V));
     }
     const Checkpoint& ckpt = d->backbone_->checkpoint();
@@ -81,7 +81,7 @@ class DominoDrafter : public BackboneHeads {
           ckpt, dir, "Domino", for_each, dtype, consumed,
           [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
             return absl::StrCat(dir, ": tensor \"", slot.name, "\" has shape ", got, " but ",
-                                config_path, " (gru_hidden_dim ", G, ", emb_dim ", E,
+                                config_file.path, " (gru_hidden_dim ", G, ", emb_dim ", E,
                                 ", hidden_size ", H, ", vocab_size ", V, ") implies ", want);
           }));
       for (at::Tensor* t : {&d->w_ih_, &d->w_hh_, &d->proj1_, &d->proj2_}) {

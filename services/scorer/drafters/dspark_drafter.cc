@@ -70,22 +70,23 @@ absl::StatusOr<DSparkConfig> ParseDSparkConfig(const std::string& json_text,
 absl::StatusOr<std::unique_ptr<DSparkDrafter>> DSparkDrafter::Load(const std::string& dir,
                                                                    at::ScalarType dtype,
                                                                    const at::Device& device) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
   std::unique_ptr<DSparkDrafter> d(new DSparkDrafter());
   SW_ASSIGN_OR_RETURN(d->backbone_, DFlashDrafter::Load(dir, dtype, device));
   const DrafterConfig& bc = d->backbone_->config();
   if (!bc.dspark) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": does not declare DSpark (speculators_model_type \"dspark\" "
-                                  "or dflash_config.projector_type \"dspark\")"));
+        absl::StrCat(config_file.path,
+                     ": does not declare DSpark (speculators_model_type \"dspark\" "
+                     "or dflash_config.projector_type \"dspark\")"));
   }
   if (bc.dflash2) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": declares both DSpark and DFlash2"));
+        absl::StrCat(config_file.path, ": declares both DSpark and DFlash2"));
   }
   d->format_ = bc.format == "speculators" ? "speculators" : "specforge";
-  SW_ASSIGN_OR_RETURN(d->config_, ParseDSparkConfig(text, d->format_, config_path));
+  SW_ASSIGN_OR_RETURN(d->config_,
+                      ParseDSparkConfig(config_file.text, d->format_, config_file.path));
   const DSparkConfig& c = d->config_;
   const int64_t H = bc.layers.hidden_size, r = c.markov_rank;
   const int64_t V = bc.layers.vocab_size, Vd = d->backbone_->output_vocab_size();
@@ -113,7 +114,7 @@ absl::StatusOr<std::unique_ptr<DSparkDrafter>> DSparkDrafter::Load(const std::st
         ckpt, dir, "DSpark", for_each, dtype, consumed,
         [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
           return absl::StrCat(dir, ": tensor \"", slot.name, "\" has shape ", got, " but ",
-                              config_path, " (markov_rank ", r, ", markov_head_type \"",
+                              config_file.path, " (markov_rank ", r, ", markov_head_type \"",
                               c.markov_head_type, "\", hidden_size ", H, ") implies ", want);
         }));
     for (at::Tensor* t : {&d->w1_, &d->w2_, &d->gate_w_, &d->gate_b_, &d->joint_w_, &d->joint_b_,
@@ -123,11 +124,11 @@ absl::StatusOr<std::unique_ptr<DSparkDrafter>> DSparkDrafter::Load(const std::st
     for (const auto& [name, view] : ckpt.tensors()) {
       if (consumed.count(name)) continue;
       if (name.starts_with("markov_head.") || name.starts_with("confidence_head.")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unexpected tensor \"", name, "\" in drafter ", dir, ": ", config_path,
-            " declares markov_rank ", r, ", markov_head_type \"", c.markov_head_type,
-            "\", enable_confidence_head ", c.confidence_head ? "true" : "false",
-            ", which has no such weight"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unexpected tensor \"", name, "\" in drafter ", dir, ": ",
+                         config_file.path, " declares markov_rank ", r, ", markov_head_type \"",
+                         c.markov_head_type, "\", enable_confidence_head ",
+                         c.confidence_head ? "true" : "false", ", which has no such weight"));
       }
     }
     return absl::OkStatus();

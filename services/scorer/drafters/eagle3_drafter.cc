@@ -551,9 +551,8 @@ const at::Device& Eagle3Drafter::device() const { return impl_->device; }
 absl::StatusOr<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::Load(const std::string& dir,
                                                                    at::ScalarType dtype,
                                                                    const at::Device& device) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
-  SW_ASSIGN_OR_RETURN(Eagle3Config config, ParseEagle3Config(text, config_path));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+  SW_ASSIGN_OR_RETURN(Eagle3Config config, ParseEagle3Config(config_file.text, config_file.path));
   std::unique_ptr<Eagle3Drafter> drafter(new Eagle3Drafter());
   Impl& m = *drafter->impl_;
   m.config = std::move(config);

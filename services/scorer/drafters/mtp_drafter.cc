@@ -186,10 +186,9 @@ struct MtpHead {
 
 absl::StatusOr<std::unique_ptr<MtpHead>> LoadMtpHead(const std::string& dir, at::ScalarType dtype,
                                                      const at::Device& device) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
   auto m = std::make_unique<MtpHead>();
-  SW_ASSIGN_OR_RETURN(m->config, ParseMtpConfig(text, config_path));
+  SW_ASSIGN_OR_RETURN(m->config, ParseMtpConfig(config_file.text, config_file.path));
   m->dtype = dtype;
   m->device = device;
   const ModelConfig& lc = m->config.layer;

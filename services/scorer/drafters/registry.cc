@@ -16,10 +16,6 @@
 
 namespace specwire {
 
-absl::StatusOr<std::string> ReadDrafterConfigText(const std::string& dir) {
-  return ReadFileToString((std::filesystem::path(dir) / "config.json").string());
-}
-
 const std::vector<DrafterFamily>& DrafterFamilies() {
   static const std::vector<DrafterFamily> families = {
       DSparkFamily(),
@@ -42,9 +38,10 @@ std::string DrafterFamilyNames() {
 
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDrafter(const std::string& dir, at::ScalarType dtype,
                                                      const at::Device& device) {
-  const std::string source = (std::filesystem::path(dir) / "config.json").string();
-  SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(source));
-  const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  SW_ASSIGN_OR_RETURN(ConfigFile file, ReadConfigFile(dir));
+  const std::string& source = file.path;
+  const nlohmann::json config =
+      nlohmann::json::parse(file.text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "services/scorer/acceptance/acceptance.h"
 #include "services/scorer/drafters/block_drafter.h"
@@ -79,19 +80,16 @@ const std::vector<DrafterFamily>& DrafterFamilies();
 absl::StatusOr<std::unique_ptr<Drafter>> LoadDrafter(const std::string& dir, at::ScalarType dtype,
                                                      const at::Device& device);
 
-// The text of `dir`'s config.json (the DrafterSpec keeps it for reports).
-absl::StatusOr<std::string> ReadDrafterConfigText(const std::string& dir);
-
 // A family's load function: its own loader's result on `dir` wrapped in
 // FamilyDrafter(drafter, dir, config.json's text).
 template <typename FamilyDrafter, typename Loaded>
 absl::StatusOr<std::unique_ptr<Drafter>> MakeFamilyDrafter(
     const std::string& dir, absl::StatusOr<std::unique_ptr<Loaded>> loaded) {
   if (!loaded.ok()) return loaded.status();
-  absl::StatusOr<std::string> config_json = ReadDrafterConfigText(dir);
-  if (!config_json.ok()) return config_json.status();
+  absl::StatusOr<ConfigFile> config = ReadConfigFile(dir);
+  if (!config.ok()) return config.status();
   return std::unique_ptr<Drafter>(
-      new FamilyDrafter(*std::move(loaded), dir, *std::move(config_json)));
+      new FamilyDrafter(*std::move(loaded), dir, std::move(config->text)));
 }
 
 // "dflash, dflash2, eagle3, ...": the families' names, for messages.

@@ -29,10 +29,9 @@ class XPressDrafter : public BackboneHeads {
   static absl::StatusOr<std::unique_ptr<XPressDrafter>> Load(const std::string& dir,
                                                              at::ScalarType dtype,
                                                              const at::Device& device) {
-    const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
-    SW_ASSIGN_OR_RETURN(json doc, JsonReader::Parse(text, config_path));
-    const JsonReader root(doc, config_path);
+    SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+    SW_ASSIGN_OR_RETURN(json doc, JsonReader::Parse(config_file.text, config_file.path));
+    const JsonReader root(doc, config_file.path);
     std::unique_ptr<XPressDrafter> d(new XPressDrafter());
     XPressConfig& c = d->config_;
     SW_ASSIGN_OR_RETURN(c.rank, root.Int("xpress_rank", 256));
@@ -69,9 +68,9 @@ class XPressDrafter : public BackboneHeads {
           ckpt, dir, "XPress", for_each, dtype, consumed,
           [&](const WeightSlot& slot, const std::string& got, const std::string& want) {
             return absl::StrCat(dir, ": tensor \"", slot.name, "\" has shape ", got, " but ",
-                                config_path, " (xpress_rank ", r, ", xpress_mlp_ratio ",
-                                c.mlp_ratio, ", block_size ", B, ", hidden_size ", H,
-                                ") implies ", want);
+                                config_file.path, " (xpress_rank ", r, ", xpress_mlp_ratio ",
+                                c.mlp_ratio, ", block_size ", B, ", hidden_size ", H, ") implies ",
+                                want);
           }));
       for (at::Tensor* t : {&d->token_embed_, &d->down_h_, &d->down_g_, &d->in_proj_, &d->mix_l_,
                             &d->gate_, &d->up_, &d->down_, &d->readout_}) {

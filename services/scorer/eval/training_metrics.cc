@@ -2,72 +2,48 @@
 
 #include <algorithm>
 
+#include "common/rpc/metric_families.h"
+
 namespace specwire {
 
 TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                  RegressionOptions regression)
     : registry_(std::move(registry)),
-      tau_(prometheus::BuildGauge()
-               .Name("specwire_checkpoint_tau")
-               .Help("Mean acceptance length τ of a drafter checkpoint on an eval set "
-                     "(kind: mean_of_means = dflash's τ, pooled = tokens / steps).")
-               .Register(*registry_)),
-      ddtree_tau_(prometheus::BuildGauge()
-                      .Name("specwire_checkpoint_ddtree_tau")
-                      .Help("DDTree-N τ (mean of means) of a drafter checkpoint.")
-                      .Register(*registry_)),
-      acceptance_(prometheus::BuildGauge()
-                      .Name("specwire_checkpoint_acceptance")
-                      .Help("Conditional acceptance at draft position k (1..B-1) of a "
-                            "checkpoint.")
-                      .Register(*registry_)),
-      failed_(prometheus::BuildGauge()
-                  .Name("specwire_checkpoint_failed")
-                  .Help("1 when a checkpoint could not be scored (the error is in the results "
-                        "database).")
-                  .Register(*registry_)),
-      latest_step_(prometheus::BuildGauge()
-                       .Name("specwire_checkpoint_latest_step")
-                       .Help("Highest training step of a run scored successfully.")
-                       .Register(*registry_)),
-      latest_tau_(prometheus::BuildGauge()
-                      .Name("specwire_checkpoint_latest_tau")
-                      .Help("τ (kind as specwire_checkpoint_tau) at the latest step of a run.")
-                      .Register(*registry_)),
-      previous_tau_(prometheus::BuildGauge()
-                        .Name("specwire_checkpoint_previous_tau")
-                        .Help("τ at the step before the latest one of a run.")
-                        .Register(*registry_)),
-      latest_ddtree_tau_(prometheus::BuildGauge()
-                             .Name("specwire_checkpoint_latest_ddtree_tau")
-                             .Help("DDTree-N τ at the latest step of a run.")
-                             .Register(*registry_)),
-      latest_acceptance_(prometheus::BuildGauge()
-                             .Name("specwire_checkpoint_latest_acceptance")
-                             .Help("Conditional per-position acceptance at the latest step of "
-                                   "a run.")
-                             .Register(*registry_)),
-      delta_tau_(prometheus::BuildGauge()
-                     .Name("specwire_checkpoint_delta_tau")
-                     .Help("Paired Δτ = latest − previous checkpoint of a run on one eval set "
-                           "(mean of means over the prompts with identical trajectories, steps "
-                           "in the first window_tokens completion tokens); bound: estimate, lo, "
-                           "hi of its bootstrap interval.")
-                     .Register(*registry_)),
-      delta_prompts_(prometheus::BuildGauge()
-                         .Name("specwire_checkpoint_delta_tau_prompts")
-                         .Help("Prompts paired in specwire_checkpoint_delta_tau.")
-                         .Register(*registry_)),
+      tau_(GaugeFamily(*registry_, "specwire_checkpoint_tau",
+                       "Mean acceptance length τ of a drafter checkpoint on an eval set "
+                       "(kind: mean_of_means = dflash's τ, pooled = tokens / steps).")),
+      ddtree_tau_(GaugeFamily(*registry_, "specwire_checkpoint_ddtree_tau",
+                              "DDTree-N τ (mean of means) of a drafter checkpoint.")),
+      acceptance_(GaugeFamily(*registry_, "specwire_checkpoint_acceptance",
+                              "Conditional acceptance at draft position k (1..B-1) of a "
+                              "checkpoint.")),
+      failed_(GaugeFamily(*registry_, "specwire_checkpoint_failed",
+                          "1 when a checkpoint could not be scored (the error is in the results "
+                          "database).")),
+      latest_step_(GaugeFamily(*registry_, "specwire_checkpoint_latest_step",
+                               "Highest training step of a run scored successfully.")),
+      latest_tau_(GaugeFamily(*registry_, "specwire_checkpoint_latest_tau",
+                              "τ (kind as specwire_checkpoint_tau) at the latest step of a run.")),
+      previous_tau_(GaugeFamily(*registry_, "specwire_checkpoint_previous_tau",
+                                "τ at the step before the latest one of a run.")),
+      latest_ddtree_tau_(GaugeFamily(*registry_, "specwire_checkpoint_latest_ddtree_tau",
+                                     "DDTree-N τ at the latest step of a run.")),
+      latest_acceptance_(GaugeFamily(*registry_, "specwire_checkpoint_latest_acceptance",
+                                     "Conditional per-position acceptance at the latest step of "
+                                     "a run.")),
+      delta_tau_(GaugeFamily(*registry_, "specwire_checkpoint_delta_tau",
+                             "Paired Δτ = latest − previous checkpoint of a run on one eval set "
+                             "(mean of means over the prompts with identical trajectories, steps "
+                             "in the first window_tokens completion tokens); bound: estimate, lo, "
+                             "hi of its bootstrap interval.")),
+      delta_prompts_(GaugeFamily(*registry_, "specwire_checkpoint_delta_tau_prompts",
+                                 "Prompts paired in specwire_checkpoint_delta_tau.")),
       regression_(regression),
-      evaluations_(prometheus::BuildCounter()
-                       .Name("specwire_checkpoint_evaluations_total")
-                       .Help("Checkpoint scorings done by this process (one per checkpoint and "
-                             "eval set), by outcome.")
-                       .Register(*registry_)),
-      polls_(prometheus::BuildCounter()
-                 .Name("specwire_watch_polls_total")
-                 .Help("Scans of the watched checkpoint directory.")
-                 .Register(*registry_)
+      evaluations_(CounterFamily(*registry_, "specwire_checkpoint_evaluations_total",
+                                 "Checkpoint scorings done by this process (one per checkpoint and "
+                                 "eval set), by outcome.")),
+      polls_(CounterFamily(*registry_, "specwire_watch_polls_total",
+                           "Scans of the watched checkpoint directory.")
                  .Add({})) {}
 
 namespace {

@@ -107,9 +107,8 @@ absl::Status StoreTargetHead(const std::string& cache_dir, const std::string& we
 absl::StatusOr<TargetHead> LoadCheckpointTargetHead(const std::string& dir,
                                                     const ExtractionContract& contract) {
   const std::string where = absl::StrCat("target_checkpoint ", dir);
-  SW_ASSIGN_OR_RETURN(std::string config_text,
-                      ReadFileToString((fs::path(dir) / "config.json").string()));
-  SW_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(config_text));
+  SW_ASSIGN_OR_RETURN(ConfigFile config_file, ReadConfigFile(dir));
+  SW_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(config_file.text));
   for (const auto& [field, ours, theirs] :
        {std::tuple<const char*, int64_t, int64_t>{"num_layers", config.num_layers,
                                                   contract.num_layers},

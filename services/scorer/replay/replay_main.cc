@@ -47,6 +47,7 @@
 #include "services/scorer/replay/in_process_target.h"
 #include "services/scorer/replay/live_loop.h"
 #include "services/scorer/replay/replay.h"
+#include "services/scorer/replay/score_flags.h"
 
 ABSL_FLAG(std::string, drafter, "",
           "The drafter: a checkpoint directory (config.json + safetensors) of any family "
@@ -57,8 +58,6 @@ ABSL_FLAG(std::string, target_checkpoint, "",
           "Target checkpoint (Hugging Face CausalLM directory), run in-process.");
 ABSL_FLAG(std::string, trajectories_file, "",
           "replay: JSON list of {\"prompt\": [...], \"completion\": [...]} instead.");
-ABSL_FLAG(int64_t, max_new_tokens, 256,
-          "replay: completion budget (dflash's max_new_tokens; specwire-score's default).");
 ABSL_FLAG(std::string, ddtree, "8",
           "replay: DDTree node budgets, comma-separated, or \"none\" (families whose tree is "
           "DDTree: DFlash's block marginals).");
@@ -80,10 +79,6 @@ ABSL_FLAG(bool, live, false,
           "replay (--tokens / --tokens_file): also run the real loop on each prompt with the target in "
           "this process (a target session: draft, verify, commit, roll back), greedy, and "
           "report its step lengths (equal to the replay's) and its cost beside the replay's.");
-ABSL_FLAG(std::string, dspark_cutoff, "0.3,0.5,0.7",
-          "replay: for families that predict their own acceptance (DSpark's confidence head), "
-          "the predicted-survival cutoffs of an adaptive verify length (comma-separated in "
-          "[0, 1]; \"none\" for none): each prints its τ beside the calibration table.");
 ABSL_FLAG(std::string, cases, "",
           "draft / features: safetensors with case.{i}.* tensors and metadata \"cases\"; "
           "ddtree: JSON {\"budgets\": [...], \"cases\": [{\"log_probs\", \"truth\"}]}.");
@@ -94,8 +89,6 @@ ABSL_FLAG(std::string, last_layer_state, "family",
           "transformers' hidden_states[L]; the layer's own output for EAGLE-3 and speculators' "
           "formats), final_norm, or layer (before the norm, as vLLM's capture) — to score a "
           "drafter as another stack feeds it.");
-ABSL_FLAG(int32_t, bootstrap_resamples, 1000, "features: bootstrap resamples of the intervals.");
-ABSL_FLAG(uint64_t, bootstrap_seed, 0, "features: bootstrap seed.");
 
 namespace specwire {
 namespace {
