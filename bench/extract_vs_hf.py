@@ -43,6 +43,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bench_models import random_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,14 +53,7 @@ QWEN3_100M = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num
 
 
 def build_model(cache_dir: Path) -> Path:
-    path = cache_dir / "qwen3-100m"
-    if (path / "config.json").exists():
-        return path
-    config = transformers.AutoConfig.for_model("qwen3", **QWEN3_100M)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return random_checkpoint(cache_dir, "qwen3-100m", "qwen3", QWEN3_100M)
 
 
 def time_hf(model, ids: torch.Tensor, reps: int, keep1: bool) -> list[float]:

@@ -40,7 +40,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-import transformers
+from bench_models import random_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,14 +51,7 @@ WIRE_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def build_model(cache_dir: Path) -> Path:
-    path = cache_dir / "qwen3-h512-l8"
-    if (path / "config.json").exists():
-        return path
-    config = transformers.AutoConfig.for_model("qwen3", **QWEN3_H512_L8)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return random_checkpoint(cache_dir, "qwen3-h512-l8", "qwen3", QWEN3_H512_L8)
 
 
 def free_port() -> int:

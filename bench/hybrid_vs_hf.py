@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from bench_models import random_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,14 +64,7 @@ KERNEL_PACKAGES = ("fla", "causal_conv1d")
 
 
 def build_model(cache_dir: Path) -> Path:
-    path = cache_dir / MODEL_NAME
-    if (path / "config.json").exists():
-        return path
-    config = transformers.AutoConfig.for_model("qwen3_5_text", **QWEN3_5_100M)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return random_checkpoint(cache_dir, MODEL_NAME, "qwen3_5_text", QWEN3_5_100M)
 
 
 def token_ids(seq_len: int) -> torch.Tensor:

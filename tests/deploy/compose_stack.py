@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +52,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deploy_harness import (CLI, DEPLOY, REPO, SCORE, Prometheus, binary, build_dir,  # noqa: E402
                             dashboard_gaps, dashboard_variables, free_port,
-                            prometheus_config)
+                            prometheus_config, stop_process)
 
 BASE_IMAGE = "specwire-base/debian:bookworm"
 SCORER_IMAGE = "specwire-scorer:latest"
@@ -132,14 +131,8 @@ class Engine:
         log(f"engine: dockerd pid {self.proc.pid}, data root {data_root}")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process(self.proc, 60)
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True,
                  **kw) -> subprocess.CompletedProcess:

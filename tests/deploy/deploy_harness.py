@@ -8,9 +8,8 @@ import json
 import math
 import os
 import re
-import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -18,6 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+from processes import SERVING, free_port, launch_server, stop_process  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -41,12 +43,6 @@ SCORE = "services/scorer/specwire-score"
 CLI = "clients/cli/specwire-cli"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Process:
     """A server process; `ready` is a regex on its log whose group 1, if any, is the port."""
 
@@ -59,20 +55,8 @@ class Process:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> "Process":
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(self.ready, self.log())
-            if m:
-                self.port = int(m.group(1)) if m.groups() else 0
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{' '.join(self.cmd)} did not start:\n{self.log()}")
+        self.proc, self.port = launch_server(self.cmd, self.log_path, timeout, self.ready)
+        return self
 
     @property
     def address(self) -> str:
@@ -85,17 +69,8 @@ class Process:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
-SERVING = r"serving .* on port (\d+)"
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
 
 
 def extractor(model: Path, log_dir: Path, metrics_port: int, *extra: str) -> Process:

@@ -11,14 +11,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "service"))
 sys.path.insert(0, str(HERE.parent / "parity"))
 from extractor_harness import ExtractorServer  # noqa: E402
+from shipped_models import TARGET  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def extractor(tmp_path_factory):
     """A specwire-extractor on the committed target (models/tiny-qwen3) in float32, without a
     metrics port: one per test module, stopped (by PID) when the module ends."""
-    server = ExtractorServer(HERE.parents[1] / "models" / "tiny-qwen3",
-                             tmp_path_factory.mktemp("extractor"), dtype="float32",
+    server = ExtractorServer(TARGET, tmp_path_factory.mktemp("extractor"), dtype="float32",
                              metrics=False).start()
     yield server
     server.stop()

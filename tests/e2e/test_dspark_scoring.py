@@ -25,11 +25,9 @@ from scorer_harness import ScorerServer
 
 from specwire_client import ExtractorClient
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2 as spb
+from shipped_models import MODELS, PROMPTS
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "models"
 DRAFTER = MODELS / "tiny-qwen3-dspark"
-PROMPTS = MODELS / "heldout_prompts.jsonl"
 MAX_NEW_TOKENS = 64
 MAX_PROMPTS = 12
 CUTOFFS = "0,0.5,1"

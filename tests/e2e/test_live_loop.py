@@ -17,11 +17,8 @@ from pathlib import Path
 
 import pytest
 from extractor_harness import THREADS, ExtractorServer, build_dir
+from shipped_models import DRAFTER, MODELS, PROMPTS
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "models"
-DRAFTER = MODELS / "tiny-qwen3-dflash"
-PROMPTS = MODELS / "heldout_prompts.jsonl"
 MAX_NEW_TOKENS = 96
 
 

@@ -24,12 +24,8 @@ from scorer_harness import scorer_binary
 
 import dflash_fixtures as F
 from hf_fixtures import load_hf_model
+from shipped_models import DRAFTER, PROMPTS, REPO, TARGET
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "models"
-TARGET = MODELS / "tiny-qwen3"
-DRAFTER = MODELS / "tiny-qwen3-dflash"
-PROMPTS = MODELS / "heldout_prompts.jsonl"
 MAX_NEW_TOKENS = 40
 N_PROMPTS = 4
 SETTINGS = [(0.0, 1.0, 0), (0.7, 0.9, 50), (1.0, 1.0, 0)]  # (temperature, top_p, top_k)

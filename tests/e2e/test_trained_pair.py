@@ -32,14 +32,9 @@ from tokenizers import Tokenizer
 
 import dflash_fixtures as F
 from hf_fixtures import load_hf_model, rel_err
+from shipped_models import DRAFTER, HYBRID, MODELS, PROMPTS, REPO, TARGET
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "models"
-TARGET = MODELS / "tiny-qwen3"
-DRAFTER = MODELS / "tiny-qwen3-dflash"
 DRAFTER2 = MODELS / "tiny-qwen3-dflash2"
-HYBRID = MODELS / "tiny-qwen3_5"
-PROMPTS = MODELS / "heldout_prompts.jsonl"
 MAX_NEW_TOKENS = 96
 DDTREE = 8
 TAU_GOAL = 2.0

@@ -16,15 +16,11 @@ About 30 s on two cores.
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 from extractor_harness import ExtractorServer, build_dir
+from processes import launch_server, stop_process
 
 import load as load_tool
 
@@ -51,32 +47,19 @@ def servers(tmp_path_factory):
     ext = ExtractorServer(target, root, metrics=False,
                           args=tuple(f"--{k}={v}" for k, v in LIMITS.items())).start()
     scorer_exe = build_dir() / "services" / "scorer" / "specwire-scorer"
-    log = root / "scorer.log"
-    with open(log, "w") as f:
-        scorer = subprocess.Popen(
+    try:
+        scorer, port = launch_server(
             [str(scorer_exe), f"--extractor={ext.address}", "--listen=127.0.0.1:0",
              # The scorer's defaults (a queue of 16 jobs), as the README starts it: Score
              # streams past the queue are refused (RESOURCE_EXHAUSTED) and the clients back off.
              "--metrics_listen=", "--dtype=float32", "--threads=1", "--cache_dir=none"],
-            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None and time.monotonic() < deadline and scorer.poll() is None:
-            m = re.search(r"serving .* on port (\d+)", log.read_text())
-            port = int(m.group(1)) if m else None
-            time.sleep(0.05)
-        assert port, f"scorer did not start:\n{log.read_text()}"
-        yield {"extractor": ext, "scorer": f"127.0.0.1:{port}", "scorer_pid": scorer.pid,
-               "drafter": drafter, "root": root}
+            root / "scorer.log", 60)
+        try:
+            yield {"extractor": ext, "scorer": f"127.0.0.1:{port}", "scorer_pid": scorer.pid,
+                   "drafter": drafter, "root": root}
+        finally:
+            stop_process(scorer)
     finally:
-        if scorer.poll() is None:
-            os.kill(scorer.pid, signal.SIGTERM)
-            try:
-                scorer.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(scorer.pid, signal.SIGKILL)
-                scorer.wait()
         ext.stop()
 
 

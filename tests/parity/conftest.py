@@ -75,14 +75,24 @@ def worst_errors(pytestconfig: pytest.Config) -> dict:
     return pytestconfig.stash[WORST_ERRORS_KEY]
 
 
+def _required_binary(name: str) -> Path:
+    """services/*/<name> from $SPECWIRE_BUILD_DIR (default <repo>/build); the test fails saying
+    how to build it when it is not there."""
+    service = "extractor" if name == "specwire-extract" else "scorer"
+    try:
+        return hf_fixtures.built_binary(f"services/{service}/{name}")
+    except FileNotFoundError as e:
+        pytest.fail(f"{e}; build it with `cmake --build <dir> --target {name}`", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def extract_bin() -> Path:
-    """specwire-extract from $SPECWIRE_BUILD_DIR (default <repo>/build)."""
-    try:
-        return hf_fixtures.extract_binary()
-    except FileNotFoundError as e:
-        pytest.fail(f"{e}; build it with `cmake --build <dir> --target specwire-extract`",
-                    pytrace=False)
+    return _required_binary("specwire-extract")
+
+
+@pytest.fixture(scope="session")
+def replay_bin() -> Path:
+    return _required_binary("specwire-replay")
 
 
 @pytest.fixture(scope="session")

@@ -43,11 +43,7 @@ TARGET = dict(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_s
 
 
 def replay_binary() -> Path:
-    build = Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build"))
-    exe = build / "services" / "scorer" / "specwire-replay"
-    if not exe.exists():
-        raise FileNotFoundError(f"{exe} not built (set SPECWIRE_BUILD_DIR)")
-    return exe
+    return hf_fixtures.built_binary("services/scorer/specwire-replay")
 
 
 def eagle_draft(drafter: Path, cases: dict, ends: list[int], block_len: int, out: Path,
@@ -167,6 +163,15 @@ def block_draft(oracle: dict, name: str, drafter: Path, length: int, context: in
                         f"--out={res}", "--threads=1"], capture_output=True, text=True,
                        timeout=300)
     return r, c, (load_file(str(res)) if r.returncode == 0 else None)
+
+
+def drafted_variants(oracle: dict, draft, **kw):
+    """Every variant of `oracle` drafted by specwire: `draft(oracle, name, its checkpoint, **kw)`
+    (a test's own block_draft call) must exit 0. Yields (name, variant, case, outputs)."""
+    for name, v in oracle["variants"].items():
+        r, c, got = draft(oracle, name, oracle["root"] / "out" / name, **kw)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        yield name, v, c, got
 
 
 def broken_copy(src: Path, dst: Path, tensors=None, config=None) -> Path:

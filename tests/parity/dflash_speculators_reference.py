@@ -31,10 +31,9 @@ from dspark_reference import (load_spec, qwen3_layers, share_target_head,  # noq
 
 
 def main() -> None:
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
     from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import greedy_speculators_config
 
     spec, out, tc, target = load_spec()
     V, H = tc.vocab_size, tc.hidden_size
@@ -50,10 +49,8 @@ def main() -> None:
         cfg = (DFlash2SpeculatorConfig if two else DFlashSpeculatorConfig)(
             transformer_layer_config=tl, draft_vocab_size=Vd, block_size=B,
             aux_hidden_state_layer_ids=ids, mask_token_id=V - 1,
-            speculators_config=SpeculatorsConfig(
-                algorithm="dflash2" if two else "dflash", default_proposal_method="greedy",
-                proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=B - 1)],
-                verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)),
+            speculators_config=greedy_speculators_config("dflash2" if two else "dflash", B - 1,
+                                                         tc.architectures),
             **extra)
         m = (DFlash2DraftModel if two else DFlashDraftModel)(cfg).eval()
         with torch.no_grad():

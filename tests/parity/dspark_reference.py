@@ -96,9 +96,8 @@ def randomize(m: torch.nn.Module, g: torch.Generator) -> None:
 
 
 def speculators_model(v: dict, tc, target: dict, g: torch.Generator):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import greedy_speculators_config
 
     V = tc.vocab_size
     tl = qwen3_layers(v, tc)
@@ -110,10 +109,8 @@ def speculators_model(v: dict, tc, target: dict, g: torch.Generator):
         markov_rank=v["markov_rank"], markov_head_type=v["markov_head_type"],
         enable_confidence_head=v["confidence"],
         confidence_head_with_markov=v["confidence_with_markov"],
-        speculators_config=SpeculatorsConfig(
-            algorithm="dspark", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=B if sfa else B - 1)],
-            verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
+        speculators_config=greedy_speculators_config("dspark", B if sfa else B - 1,
+                                                     tc.architectures))
     m = DSparkDraftModel(cfg).eval()
     randomize(m, g)
     return m, share_target_head(m, target, V, Vd, g)

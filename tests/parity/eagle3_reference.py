@@ -64,10 +64,9 @@ def vocab_maps(V: int, Vd: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def speculators_variant(v: dict, out: Path, L: int, K: int, seed: int) -> dict:
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.models.eagle3.core import Eagle3DraftModel
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import eagle_speculator_kwargs
     from transformers import LlamaConfig
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
@@ -88,15 +87,8 @@ def speculators_variant(v: dict, out: Path, L: int, K: int, seed: int) -> dict:
     tl._attn_implementation = "eager"
     aux = v["aux_ids"]
     cfg = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl, draft_vocab_size=Vd,
-        eagle_aux_hidden_state_layer_ids=aux,
-        norm_before_fc=v.get("norm_before_fc", False), fc_norm=v.get("fc_norm", False),
-        norm_before_residual=v.get("norm_before_residual", False),
-        norm_output=v.get("norm_output", False),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
-            verifier=VerifierConfig(name_or_path=None, architectures=["Qwen3ForCausalLM"])))
+        transformer_layer_config=tl, draft_vocab_size=Vd, eagle_aux_hidden_state_layer_ids=aux,
+        **eagle_speculator_kwargs(v, "eagle3", K, "Qwen3ForCausalLM"))
     m = Eagle3DraftModel(cfg).eval()
     perturb(m, seed)
     if Vd != V:
@@ -200,10 +192,9 @@ def replay_data(spec: dict) -> tuple:
 
 
 def replay_main(spec: dict) -> None:
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.models.eagle3.core import Eagle3DraftModel
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import greedy_speculators_config
     from transformers import LlamaConfig
 
     trajs, aux, tc, target = replay_data(spec)
@@ -224,10 +215,7 @@ def replay_main(spec: dict) -> None:
     cfg = Eagle3SpeculatorConfig(
         transformer_layer_config=tl, draft_vocab_size=Vd, eagle_aux_hidden_state_layer_ids=ids_layers,
         norm_before_residual=spec.get("norm_before_residual", True),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
-            verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
+        speculators_config=greedy_speculators_config("eagle3", K, tc.architectures))
     m = Eagle3DraftModel(cfg)
     with torch.no_grad():
         if Vd != V:

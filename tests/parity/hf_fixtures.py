@@ -18,12 +18,17 @@ import transformers
 REPO = Path(__file__).resolve().parents[2]
 
 
-def extract_binary() -> Path:
-    build = Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build"))
-    exe = build / "services" / "extractor" / "specwire-extract"
+def built_binary(relpath: str) -> Path:
+    """A binary of the build ($SPECWIRE_BUILD_DIR, default build/): "services/extractor/
+    specwire-extract". FileNotFoundError names it when it is not built."""
+    exe = Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build")) / relpath
     if not exe.exists():
         raise FileNotFoundError(f"{exe} not built (set SPECWIRE_BUILD_DIR)")
     return exe
+
+
+def extract_binary() -> Path:
+    return built_binary("services/extractor/specwire-extract")
 
 
 # Small but structurally complete configs: GQA, tied / untied heads, biases, rope variants.

@@ -91,18 +91,14 @@ def make_target(v: dict, seed: int):
 
 
 def head_model(tc, drafts: int, verifier: str):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.mtp import MTPDraftModel, MTPSpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import greedy_speculators_config
 
     tc = copy.deepcopy(tc)
     tc._attn_implementation = "sdpa"
     cfg = MTPSpeculatorConfig(
         transformer_layer_config=tc,
-        speculators_config=SpeculatorsConfig(
-            algorithm="mtp", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=drafts)],
-            verifier=VerifierConfig(name_or_path=None, architectures=[verifier])))
+        speculators_config=greedy_speculators_config("mtp", drafts, [verifier]))
     return MTPDraftModel(cfg)
 
 

@@ -49,9 +49,8 @@ def layout(length: int, drafts: int, ends: list[int]):
 
 
 def speculators_model(v: dict, drafts: int):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators_configs import eagle_speculator_kwargs
     from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig, Qwen3Config
 
     H, V = v["hidden"], v["vocab"]
@@ -72,13 +71,7 @@ def speculators_model(v: dict, drafts: int):
     cfg = PEagleSpeculatorConfig(
         transformer_layer_config=tl, draft_vocab_size=v["draft_vocab"],
         eagle_aux_hidden_state_layer_ids=v["aux_ids"], mask_token_id=v["mask_token_id"],
-        norm_before_fc=v.get("norm_before_fc", False), fc_norm=v.get("fc_norm", False),
-        norm_before_residual=v.get("norm_before_residual", False),
-        norm_output=v.get("norm_output", False),
-        speculators_config=SpeculatorsConfig(
-            algorithm="peagle", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=drafts)],
-            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])))
+        **eagle_speculator_kwargs(v, "peagle", drafts, "LlamaForCausalLM"))
     return PEagleDraftModel(cfg)
 
 

@@ -37,15 +37,6 @@ DDTREE_BUDGETS = (1, 8, 32)
 TRAIN_STEPS = 100  # enough for a spread of acceptance lengths, far from all-16
 
 
-@pytest.fixture(scope="module")
-def replay_bin() -> Path:
-    try:
-        return F.replay_binary()
-    except FileNotFoundError as e:
-        pytest.fail(f"{e}; build it with `cmake --build <dir> --target specwire-replay`",
-                    pytrace=False)
-
-
 @contextlib.contextmanager
 def torch_threads(n: int):
     """Tiny models run fastest on one thread (and leave the other core to the CLI)."""

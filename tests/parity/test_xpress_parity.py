@@ -69,9 +69,7 @@ relative = F.relative
 
 def test_teacher_forced_logits_match_speculators(oracle):
     failures = []
-    for name, v in oracle["variants"].items():
-        r, c, got = draft(oracle, name, oracle["root"] / "out" / name)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
+    for name, v, c, got in F.drafted_variants(oracle, draft):
         head, ref = got["case.0.step.0.head_logits"], c["ref.logits"]
         assert head.shape == ref.shape, (name, head.shape, ref.shape)
         err = relative(head, ref)
@@ -83,9 +81,7 @@ def test_teacher_forced_logits_match_speculators(oracle):
 
 def test_jacobi_passes_match_the_consistency_rounds(oracle):
     failures = []
-    for name, v in oracle["variants"].items():
-        r, c, got = draft(oracle, name, oracle["root"] / "out" / name, greedy=True)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
+    for name, v, c, got in F.drafted_variants(oracle, draft, greedy=True):
         drafts = got["case.0.step.0.logits"].argmax(-1)
         if drafts.tolist() != c["ref.drafts"].tolist():
             failures.append(f"{name}: drafts {drafts.tolist()} != {c['ref.drafts'].tolist()}")

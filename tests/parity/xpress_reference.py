@@ -37,10 +37,9 @@ def xpress_model(v: dict, tc, target: dict, g: torch.Generator, layers=None,
     """speculators' XPressDraftModel of variant `v` (random weights; its layer config `layers`,
     by default qwen3_layers of v), the target's embedding and head; the refiner scaled by
     `refiner_scale` (strong enough to move argmaxes by default)."""
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.xpress import XPressDraftModel
     from speculators.models.xpress.config import XPressSpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators_configs import greedy_speculators_config
 
     V = tc.vocab_size
     tl = layers if layers is not None else qwen3_layers(v, tc)
@@ -50,10 +49,8 @@ def xpress_model(v: dict, tc, target: dict, g: torch.Generator, layers=None,
         aux_hidden_state_layer_ids=v["aux_ids"],
         mask_token_id=V - 1 if mask_token_id is None else mask_token_id, sample_from_anchor=sfa,
         xpress_rank=v["rank"], xpress_mlp_ratio=v["mlp_ratio"], num_jacobi_passes=v["passes"],
-        speculators_config=SpeculatorsConfig(
-            algorithm="xpress", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=B if sfa else B - 1)],
-            verifier=VerifierConfig(name_or_path=None, architectures=tc.architectures)))
+        speculators_config=greedy_speculators_config("xpress", B if sfa else B - 1,
+                                                     tc.architectures))
     m = XPressDraftModel(cfg).eval()
     randomize(m, g)
     with torch.no_grad():

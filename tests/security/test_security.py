@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import pytest
 import torch
 from extractor_harness import ExtractorServer, build_dir
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from processes import launch_server, stop_process
 
 from specwire_client import (ChannelSecurity, ExtractorClient, ExtractorError, FeatureDataset,
                              RetryPolicy)
@@ -270,29 +268,11 @@ class _Scorer:
         self.log_path = log
         cmd = [str(_binary("services/scorer", "specwire-scorer")), "--listen=127.0.0.1:0",
                "--metrics_listen=", "--dtype=float32", "--threads=1", "--cache_dir=none", *args]
-        with open(log, "w") as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = re.search(r"serving .* on port (\d+)", log.read_text())
-            if m:
-                self.address = f"127.0.0.1:{m.group(1)}"
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"scorer did not start:\n{log.read_text()}")
+        self.proc, port = launch_server(cmd, log, 60)
+        self.address = f"127.0.0.1:{port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "parity"))
 import hf_fixtures  # noqa: E402,F401  (re-exported for the tests)
+from processes import free_port, kill_process, launch_server, stop_process  # noqa: E402,F401
 
 __all__ = ["CHECKPOINT", "THREADS", "ExtractorServer", "binary", "build_dir", "cli_extract",
            "extractor_pool", "free_port", "hf_fixtures", "make_tokenizer_json", "metric_sum",
@@ -37,39 +37,14 @@ def build_dir() -> Path:
     return Path(os.environ.get("SPECWIRE_BUILD_DIR", REPO / "build"))
 
 
-def binary(name: str) -> Path:
-    exe = build_dir() / "services" / "extractor" / name
+def binary(name: str, service: str = "extractor") -> Path:
+    """services/<service>/<name> of the build; the test fails saying how to build it when it is
+    not there."""
+    exe = build_dir() / "services" / service / name
     if not exe.exists():
         pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR; `cmake --build <dir> --target "
-                    f"specwire-extractor specwire-extract`)", pytrace=False)
+                    f"{name}`)", pytrace=False)
     return exe
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_server(cmd: list[str], log_path: Path, timeout: float) -> tuple[subprocess.Popen, int]:
-    """Starts a specwire server with its output in log_path and waits for its "serving ... on
-    port N" line; returns the process and N. If it exits or times out first, it is killed (by
-    PID) and reaped, and RuntimeError carries the log."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(r"serving .* on port (\d+)", log_path.read_text(errors="replace"))
-        if m:
-            return proc, int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    raise RuntimeError(f"{' '.join(cmd)} did not start:\n{log_path.read_text(errors='replace')}")
 
 
 class ExtractorServer:
@@ -123,9 +98,8 @@ class ExtractorServer:
     def kill(self) -> None:
         """SIGKILL by PID and reap."""
         self.signalled = True
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            kill_process(self.proc)
 
     def crashed(self) -> str | None:
         """A description if the process ended without being asked to."""
@@ -141,13 +115,7 @@ class ExtractorServer:
         if self.proc is None:
             return None
         self.signalled = True
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def metrics(self) -> str:
         assert self.metrics_port is not None

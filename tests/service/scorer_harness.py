@@ -9,8 +9,8 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-import pytest
-from extractor_harness import build_dir, free_port, launch_server
+from extractor_harness import binary, free_port
+from processes import kill_process, launch_server, stop_process
 
 from specwire_client._generated.proto.specwire.v1 import scorer_pb2_grpc as spb_grpc
 
@@ -18,11 +18,7 @@ THREADS = "1"
 
 
 def scorer_binary(name: str) -> Path:
-    exe = build_dir() / "services" / "scorer" / name
-    if not exe.exists():
-        pytest.fail(f"{exe} not built (set SPECWIRE_BUILD_DIR; `cmake --build <dir> --target "
-                    f"specwire-scorer specwire-score`)", pytrace=False)
-    return exe
+    return binary(name, "scorer")
 
 
 class ScorerServer:
@@ -64,9 +60,8 @@ class ScorerServer:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            kill_process(self.proc)
 
     def terminate(self) -> None:
         """SIGTERM without waiting (several servers drain at once)."""
@@ -74,13 +69,8 @@ class ScorerServer:
             os.kill(self.proc.pid, signal.SIGTERM)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if not self.alive():
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",

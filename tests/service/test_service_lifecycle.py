@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import pytest
@@ -65,28 +66,37 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _alone_then_together(server, repeats: int, between=lambda: None) -> tuple[dict, Any, dict]:
+    """8 threads' workloads (_workload), each run alone on one channel, then all at once, each
+    thread on its own channel and released together, `repeats` times over: (alone, what
+    `between` returned when called between the two, together); alone and together map each
+    thread to its results in order."""
+    work = {t: _workload(t) for t in range(8)}
+    with ExtractorClient(server.address, timeout=60) as c:
+        alone = {t: [_run(c, kind, kw) for kind, kw in reqs] for t, reqs in work.items()}
+    seen = between()
+    barrier = threading.Barrier(len(work))
+
+    def thread_main(t: int):
+        with ExtractorClient(server.address, timeout=60) as c:
+            c.wait_ready()
+            barrier.wait()
+            return [_run(c, kind, kw) for kind, kw in work[t] * repeats]
+
+    with ThreadPoolExecutor(len(work)) as pool:
+        together = dict(zip(work, pool.map(thread_main, work)))
+    return alone, seen, together
+
+
 def test_concurrent_clients_get_their_own_exact_data(server_factory, checkpoint):
     """8 threads, each with its own channel, mixed Extract and Generate: every result equals the
     same request run alone. --max_batch_tokens=1 keeps each request in a forward pass of its own
     (values depend on the padded batch in the last bits; see test_service_bits), so any
     difference here would be corruption or cross-talk between streams."""
     server = server_factory(checkpoint, metrics=False, args=("--max_batch_tokens=1",))
-    work = {t: _workload(t) for t in range(8)}
-    with ExtractorClient(server.address, timeout=60) as c:
-        alone = {t: [_run(c, kind, kw) for kind, kw in reqs] for t, reqs in work.items()}
-
-    barrier = threading.Barrier(8)
-
-    def thread_main(t: int):
-        with ExtractorClient(server.address, timeout=60) as c:
-            c.wait_ready()
-            barrier.wait()
-            return [_run(c, kind, kw) for kind, kw in work[t] * 2]
-
-    with ThreadPoolExecutor(8) as pool:
-        together = dict(zip(work, pool.map(thread_main, work)))
-    for t in work:
-        for i, got in enumerate(together[t]):
+    alone, _, together = _alone_then_together(server, repeats=2)
+    for t, results in together.items():
+        for i, got in enumerate(results):
             assert _same(got, alone[t][i % 3]), f"thread {t} request {i} differs"
 
 
@@ -96,27 +106,15 @@ def test_cobatched_requests_are_routed_correctly(server_factory, checkpoint):
     the size the padded batch can change them by (fp32 ~1e-7 relative, bf16 one rounding
     step), which is far below what a mix-up would show; the exact comparison is the test above."""
     server = server_factory(checkpoint)
-    work = {t: _workload(t) for t in range(8)}
-    with ExtractorClient(server.address, timeout=60) as c:
-        alone = {t: [_run(c, kind, kw) for kind, kw in reqs] for t, reqs in work.items()}
-    before = metric_value(server.metrics(), "specwire_extractor_batch_requests_bucket", le="1")
-    barrier = threading.Barrier(8)
-
-    def thread_main(t: int):
-        with ExtractorClient(server.address, timeout=60) as c:
-            c.wait_ready()
-            barrier.wait()
-            return [_run(c, kind, kw) for kind, kw in work[t] * 3]
-
-    with ThreadPoolExecutor(8) as pool:
-        together = dict(zip(work, pool.map(thread_main, work)))
+    alone, before, together = _alone_then_together(server, repeats=3, between=lambda: metric_value(
+        server.metrics(), "specwire_extractor_batch_requests_bucket", le="1"))
     text = server.metrics()
     batches = metric_value(text, "specwire_extractor_batch_requests_count")
     single = metric_value(text, "specwire_extractor_batch_requests_bucket", le="1")
     assert batches - single >= 1, "no two requests ran in one batch: nothing was tested"
     assert single >= before
-    for t in work:
-        for i, got in enumerate(together[t]):
+    for t, results in together.items():
+        for i, got in enumerate(results):
             _close(got, alone[t][i % 3], f"thread {t} request {i}")
 
 

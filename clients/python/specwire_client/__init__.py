@@ -33,8 +33,9 @@ State names: "layer.k" is the output of decoder layer k = transformers' hidden_s
 """
 from ._stubs import pb as extractor_pb2
 from ._stubs import pb_grpc as extractor_pb2_grpc
+from ._request import wire_dtype
 from .client import (ExtractorClient, GenerateResult, SequenceStates, StreamResult,
-                     channel_target, wire_dtype)
+                     channel_target)
 from .chat import ChatTemplate, PreparedChat, TemplateRecord, write_prepared_dataset
 from .contract import Contract, ContractExpectation, SkippedTensors
 from .crc32c import crc32c

@@ -2,7 +2,9 @@
 the wire dtype, the states asked for and the sequences sent."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
@@ -62,3 +64,37 @@ def sequence_input(seq: SequenceLike, index: int, field: str) -> Any:
         raise TypeError(f"{field}[{index}]: expected a str or a list of token ids, got "
                         f"{type(seq).__name__}") from None
     return pb.SequenceInput(tokens=pb.TokenIds(ids=ids))
+
+
+@dataclass
+class StatesAsk:
+    """What a states request (Extract's, Generate's) asks for: its inputs, the states by name,
+    the wire dtype, the chunk size and the request id."""
+    inputs: list[Any]
+    names: list[str]
+    wire: int
+    max_chunk_bytes: int | None
+    request_id: str
+    embedding: bool
+    final_norm: bool
+    add_special_tokens: bool
+
+    def fields(self, inputs_field: str) -> dict[str, Any]:
+        """The request message's fields this ask fills, the inputs under `inputs_field`."""
+        return {inputs_field: self.inputs,
+                "layers": layer_selection(self.names, self.embedding, self.final_norm),
+                "dtype": self.wire, "max_chunk_bytes": self.max_chunk_bytes or 0,
+                "request_id": self.request_id, "add_special_tokens": self.add_special_tokens}
+
+
+def states_ask(sequences: Any, field: str, layer_ids: Iterable[int], embedding: bool,
+               final_norm: bool, dtype: Any, max_chunk_bytes: int | None,
+               request_id: str | None, add_special_tokens: bool) -> StatesAsk:
+    """The ask of a call's arguments, each checked (errors name `field` and the index); a fresh
+    request id where none is given."""
+    sequences = as_list(sequences, field)
+    wire = wire_dtype(dtype)
+    names = state_names(layer_ids, embedding, final_norm)
+    inputs = [sequence_input(s, i, field) for i, s in enumerate(sequences)]
+    return StatesAsk(inputs, names, wire, max_chunk_bytes, request_id or uuid.uuid4().hex,
+                     embedding, final_norm, add_special_tokens)

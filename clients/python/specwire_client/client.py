@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
@@ -25,8 +24,7 @@ from ._assembly import WIRE_DTYPES, StateAssembler, tensor_from_le_bytes
 from ._stubs import pb, pb_grpc
 from .contract import Contract, ContractExpectation
 from .crc32c import crc32c
-from ._request import (SequenceLike, as_list, layer_selection, sequence_input, state_names,
-                       wire_dtype)
+from ._request import SequenceLike, StatesAsk, states_ask
 from .errors import CorruptStream, ExtractorError, IncompleteStream
 from .security import ChannelSecurity, PemLike, make_channel
 from .session import LiveSession
@@ -274,10 +272,8 @@ class ExtractorClient:
             raise CorruptStream("trailer disagrees with the stream: " + ", ".join(problems),
                                 method=method)
 
-    def _states_stream(self, method: str, call: Any, expect: Expectations, inputs: list[Any],
-                       names: list[str], wire: int, max_chunk_bytes: int | None,
-                       request_id: str, per_sequence: str,
-                       on_sequence: Callable[[Any], tuple[int, int]]
+    def _states_stream(self, method: str, call: Any, expect: Expectations, ask: StatesAsk,
+                       per_sequence: str, on_sequence: Callable[[Any], tuple[int, int]]
                        ) -> tuple[Contract, StateAssembler, list[Any], Any]:
         """Reads a states stream (Extract's, Generate's): the contract first (checked against
         `expect`), then chunks and one `per_sequence` message per input (on_sequence checks it
@@ -286,8 +282,9 @@ class ExtractorClient:
         stream = self._stream(method, call)
         try:
             contract = self._read_contract(method, stream, expect)
-            asm = StateAssembler(contract, len(inputs), names, wire, max_chunk_bytes, method)
-            messages: list[Any] = [None] * len(inputs)
+            asm = StateAssembler(contract, len(ask.inputs), ask.names, ask.wire,
+                                 ask.max_chunk_bytes, method)
+            messages: list[Any] = [None] * len(ask.inputs)
             trailer = None
             received = 0
             for msg in stream:
@@ -309,7 +306,7 @@ class ExtractorClient:
             if trailer is None:
                 raise IncompleteStream(None, "the call ended OK", method=method,
                                        received=f"{received} messages")
-            self._check_trailer(method, trailer, request_id, len(inputs), asm)
+            self._check_trailer(method, trailer, ask.request_id, len(ask.inputs), asm)
         finally:
             stream.close()
         return contract, asm, messages, trailer
@@ -322,15 +319,10 @@ class ExtractorClient:
                        timeout: float | None = _UNSET) -> StreamResult:
         """extract(), returning the contract and trailer beside the states."""
         method = "Extract"
-        sequences = as_list(sequences, "sequences")
-        wire = wire_dtype(dtype)
-        names = state_names(layer_ids, embedding, final_norm)
-        inputs = [sequence_input(s, i, "sequences") for i, s in enumerate(sequences)]
-        request_id = request_id or uuid.uuid4().hex
-        req = pb.ExtractRequest(
-            sequences=inputs, layers=layer_selection(names, embedding, final_norm),
-            dtype=wire, max_chunk_bytes=max_chunk_bytes or 0, request_id=request_id,
-            add_special_tokens=add_special_tokens)
+        ask = states_ask(sequences, "sequences", layer_ids, embedding, final_norm, dtype,
+                         max_chunk_bytes, request_id, add_special_tokens)
+        inputs = ask.inputs
+        req = pb.ExtractRequest(**ask.fields("sequences"))
 
         def on_sequence(seq: Any) -> tuple[int, int]:
             i = seq.sequence_index
@@ -341,8 +333,8 @@ class ExtractorClient:
             return i, len(seq.token_ids)
 
         contract, asm, seqs, trailer = self._states_stream(
-            method, self.stub.Extract(req, timeout=self._timeout(timeout)), expect, inputs,
-            names, wire, max_chunk_bytes, request_id, "sequence", on_sequence)
+            method, self.stub.Extract(req, timeout=self._timeout(timeout)), expect, ask,
+            "sequence", on_sequence)
         out = [SequenceStates(asm.tensors(i), list(seqs[i].token_ids) if seqs[i] else [])
                for i in range(len(inputs))]
         return StreamResult(contract, out, trailer)
@@ -371,17 +363,12 @@ class ExtractorClient:
         """Greedy completions of each prompt and (when layers are asked for) the states of every
         position of prompt + completion."""
         method = "Generate"
-        prompts = as_list(prompts, "prompts")
-        wire = wire_dtype(dtype)
-        names = state_names(layer_ids, embedding, final_norm)
-        inputs = [sequence_input(s, i, "prompts") for i, s in enumerate(prompts)]
-        request_id = request_id or uuid.uuid4().hex
+        ask = states_ask(prompts, "prompts", layer_ids, embedding, final_norm, dtype,
+                         max_chunk_bytes, request_id, add_special_tokens)
+        inputs = ask.inputs
         req = pb.GenerateRequest(
-            prompts=inputs, max_new_tokens=max_new_tokens,
-            stop_token_ids=[int(t) for t in stop_token_ids], ignore_model_eos=ignore_model_eos,
-            layers=layer_selection(names, embedding, final_norm),
-            dtype=wire, max_chunk_bytes=max_chunk_bytes or 0, request_id=request_id,
-            add_special_tokens=add_special_tokens)
+            **ask.fields("prompts"), max_new_tokens=max_new_tokens,
+            stop_token_ids=[int(t) for t in stop_token_ids], ignore_model_eos=ignore_model_eos)
 
         def on_completion(c: Any) -> tuple[int, int]:
             i = c.sequence_index
@@ -392,8 +379,8 @@ class ExtractorClient:
             return i, len(c.prompt_token_ids) + len(c.completion_token_ids)
 
         _, asm, completions, _ = self._states_stream(
-            method, self.stub.Generate(req, timeout=self._timeout(timeout)), expect, inputs,
-            names, wire, max_chunk_bytes, request_id, "completion", on_completion)
+            method, self.stub.Generate(req, timeout=self._timeout(timeout)), expect, ask,
+            "completion", on_completion)
         return [GenerateResult(i, list(c.prompt_token_ids), list(c.completion_token_ids),
                                c.finish_reason, asm.tensors(i))
                 for i, c in enumerate(completions)]
