@@ -14,6 +14,7 @@ DFlash2DraftModel layout and checked against dflash 0.1.0's own model (forward, 
 propose, and q at T > 0 given dflash's own sampled walk). Bad declarations are refused by name. About 20 s on two cores."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -144,9 +145,7 @@ def test_dflash2_selector_q_under_teacher_forcing(oracle):
 
 def test_forward_matches_speculators(oracle):
     failures = []
-    for name, v in oracle["variants"].items():
-        r, c, got = draft(oracle, name, oracle["root"] / "out" / name)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
+    for name, v, c, got in F.drafted_variants(oracle, draft):
         chosen, ref = c["ref.chosen"], c["ref.logits"]
         assert got.shape == (v["block"] - 1, 512)
         err = ((got[:, chosen] - ref).norm() / ref.norm()).item()
@@ -244,14 +243,31 @@ def test_dflash2_in_zlab_format_matches_dflash(oracle):
         zpath = load_file(str(oracle["root"] / f"zlab-{name}.out.safetensors"))["case.0.step.0.path"]
         assert zpath.tolist() == path[0].tolist() == c["ref.path"].tolist(), name
         # At T > 0 dflash's walk samples each position from q over its candidates and feeds the
-        # draw on: given those draws, specwire's q rows are dflash's.
+        # draw on: given those draws, specwire's q rows are dflash's — within 1e-5, or no further
+        # from dflash's own walk in float64 (the same seed, the same draws) than 1.5 times
+        # dflash's float32 walk is (two float32 sums of one forward differ by that much).
+        z64 = DFlash2DraftModel.from_pretrained(str(zdir), dtype=torch.float64).eval()
+        head64 = copy.deepcopy(hf.lm_head).double()
+        with torch.no_grad():
+            hidden64 = z64(position_ids=torch.arange(CONTEXT + B)[None],
+                           noise_embedding=noise.double(),
+                           target_hidden=c["case.0.features"][None].double())[:, 1:]
         for temperature in (0.6, 1.0, 1.7):
-            torch.manual_seed(int(1000 * temperature) + B)
-            with torch.no_grad():
-                sampled, cands, q_rows = z.propose(hidden, block[:, 0], hf.lm_head, temperature)
-            ref = torch.zeros(B - 1, 512, dtype=q_rows.dtype).scatter(1, cands[0], q_rows[0])
+            walks = []
+            for model, h, head in ((z, hidden, hf.lm_head), (z64, hidden64, head64)):
+                torch.manual_seed(int(1000 * temperature) + B)
+                with torch.no_grad():
+                    sampled, cands, q_rows = model.propose(h, block[:, 0], head, temperature)
+                walks.append((sampled, cands, torch.zeros(B - 1, 512, dtype=torch.float64)
+                              .scatter(1, cands[0], q_rows[0].double())))
+            (sampled, cands, ref), (sampled64, cands64, exact) = walks
             r, _, got = draft(oracle, name, zdir, sampled[0, :-1].tolist())
             assert r.returncode == 0, (name, r.stderr[-2000:])
             q = torch.softmax(got.double() / temperature, -1)
-            err = ((q - ref.double()).abs().max()).item()
-            assert err < 1e-5, (name, temperature, err)
+            err = (q - ref).abs().max().item()
+            if err < 1e-5:
+                continue
+            assert torch.equal(sampled, sampled64) and torch.equal(cands, cands64), (
+                name, temperature, err, "float64 drew otherwise: no exact side to judge by")
+            ours, theirs = (q - exact).abs().max().item(), (ref - exact).abs().max().item()
+            assert ours <= 1.5 * theirs + 1e-6, (name, temperature, err, ours, theirs)
