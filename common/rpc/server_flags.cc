@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain); with --tls_key serves TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
@@ -66,6 +67,7 @@ absl::StatusOr<ServerFlagOptions> ServerOptionsFromFlags(const ServerDefaults& d
   o.security.open_health = absl::GetFlag(FLAGS_auth_open_health);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   if (o.drain_seconds < 0) return absl::InvalidArgumentError("--drain_seconds must not be negative");
+  SW_ASSIGN_OR_RETURN(o.credentials, MakeServerCredentials(o.security));
   return o;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -24,6 +25,9 @@ struct ServerDefaults {
 struct ServerFlagOptions {
   ServerSecurityOptions security;  // --tls_cert, --tls_key, --tls_client_ca, --auth_token_file,
                                    // --auth_open_health
+  // The listening credentials `security` makes (MakeServerCredentials): the certificates and
+  // the token file are read with the flags, so a wrong path fails before any slow start-up.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   int drain_seconds = 30;          // --drain_seconds
   std::string listen;              // --listen
   std::string metrics_listen;      // --metrics_listen; empty: no exporter
@@ -33,8 +37,9 @@ struct ServerFlagOptions {
   int64_t max_new_tokens_limit = 4096;   // --max_new_tokens_limit
 };
 
-// The flags' values, "auto" resolved from `defaults`. INVALID_ARGUMENT naming the flag for a
-// negative queue, idle time or limit.
+// The flags' values, "auto" resolved from `defaults`, and the credentials they make.
+// INVALID_ARGUMENT naming the flag for a negative queue, idle time or limit; the security flags'
+// errors name the flag and the file.
 absl::StatusOr<ServerFlagOptions> ServerOptionsFromFlags(const ServerDefaults& defaults);
 
 }  // namespace specwire

@@ -1,6 +1,6 @@
 // The start-up and shutdown every specwire server shares, as the steps its main takes in order:
-//   1. ServerOptionsFromFlags (server_flags.h) and MakeServerCredentials (security.h) before any
-//      slow work, so a wrong certificate or token path fails at once;
+//   1. ServerOptionsFromFlags (server_flags.h: the shared flags and the credentials they make)
+//      before any slow work, so a wrong certificate or token path fails at once;
 //   2. the main loads what it serves and builds its services;
 //   3. RunningServer::Start: the Prometheus exporter on its own plain-HTTP address, then the gRPC
 //      server with the services, grpc.health.v1 (SERVING; health_service.h) and reflection;
@@ -36,7 +36,7 @@ class ReflectionV1Service;
 struct ServerStartOptions {
   std::string listen;          // gRPC host:port (port 0 picks one): the main's --listen
   std::string metrics_listen;  // Prometheus host:port, "" : no exporter (--metrics_listen)
-  std::shared_ptr<grpc::ServerCredentials> credentials;           // MakeServerCredentials
+  std::shared_ptr<grpc::ServerCredentials> credentials;           // ServerFlagOptions::credentials
   std::vector<grpc::Service*> services;                           // not owned; outlive the server
   // Their fully qualified names, for reflection v1's list_services (with health and both
   // reflection services, which Start adds), e.g. {"specwire.v1.Extractor"}.

@@ -86,14 +86,12 @@ int main(int argc, char** argv) {
       "(specwire.v1.Extractor),\n"
       "plus grpc.health.v1 and reflection. Metrics: Prometheus text format on --metrics_listen.");
   if (absl::GetFlag(FLAGS_model).empty()) return Fail("--model is required (see --help)");
-  // Certificates and the token are read before the slow start-up work, so that a wrong path
-  // fails at once.
+  // The server's flags, certificates and token are read before the slow start-up work, so that
+  // a wrong path fails at once.
   auto parsed_server_flags =
       ServerOptionsFromFlags({"127.0.0.1:50051", "127.0.0.1:9464", /*max_queue=*/64});
   if (!parsed_server_flags.ok()) return Fail(parsed_server_flags.status().ToString());
   const ServerFlagOptions& server_flags = *parsed_server_flags;
-  auto credentials = MakeServerCredentials(server_flags.security);
-  if (!credentials.ok()) return Fail(credentials.status().ToString());
 
   auto target = TargetFlagsFromFlags("bfloat16");
   if (!target.ok()) return Fail(target.status().ToString());
@@ -159,7 +157,7 @@ int main(int argc, char** argv) {
   ServerStartOptions start;
   start.listen = server_flags.listen;
   start.metrics_listen = server_flags.metrics_listen;
-  start.credentials = *credentials;
+  start.credentials = server_flags.credentials;
   start.services = {&service};
   start.service_names = {"specwire.v1.Extractor"};
   start.metrics = {metrics.registry()};

@@ -84,14 +84,12 @@ int main(int argc, char** argv) {
   // The drafter's forwards and the hidden-state streams it reads allocate the same sizes again
   // and again.
   KeepFreedMemoryForReuse();
-  // Certificates and the token are read before the slow start-up work, so that a wrong path
-  // fails at once.
+  // The server's flags, certificates and token are read before the slow start-up work, so that
+  // a wrong path fails at once.
   auto parsed_server_flags =
       ServerOptionsFromFlags({"127.0.0.1:50061", "127.0.0.1:9465", /*max_queue=*/16});
   if (!parsed_server_flags.ok()) return Fail(parsed_server_flags.status().ToString());
   const ServerFlagOptions& server_flags = *parsed_server_flags;
-  auto credentials = MakeServerCredentials(server_flags.security);
-  if (!credentials.ok()) return Fail(credentials.status().ToString());
   auto extractors = ExtractorConnectionFromFlags({});
   if (!extractors.ok()) return Fail(extractors.status().ToString());
   if (extractors->address.empty()) return Fail("--extractor is required (see --help)");
@@ -139,7 +137,7 @@ int main(int argc, char** argv) {
   ServerStartOptions start;
   start.listen = server_flags.listen;
   start.metrics_listen = server_flags.metrics_listen;
-  start.credentials = *credentials;
+  start.credentials = server_flags.credentials;
   start.services = {&service};
   start.service_names = {"specwire.v1.Scorer"};
   if (eval) {
