@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/server_flags.h"
 
 namespace grpc {
 class Server;
@@ -34,6 +35,15 @@ class HealthService;
 class ReflectionV1Service;
 
 struct ServerStartOptions {
+  // listen, metrics_listen and credentials as the servers' shared flags give them (step 1).
+  static ServerStartOptions FromFlags(const ServerFlagOptions& flags) {
+    ServerStartOptions o;
+    o.listen = flags.listen;
+    o.metrics_listen = flags.metrics_listen;
+    o.credentials = flags.credentials;
+    return o;
+  }
+
   std::string listen;          // gRPC host:port (port 0 picks one): the main's --listen
   std::string metrics_listen;  // Prometheus host:port, "" : no exporter (--metrics_listen)
   std::shared_ptr<grpc::ServerCredentials> credentials;           // ServerFlagOptions::credentials

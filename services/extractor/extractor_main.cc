@@ -154,10 +154,7 @@ int main(int argc, char** argv) {
   limits.max_send_message_bytes = limits.max_chunk_bytes + (1 << 20);
   ExtractorService service(backend->get(), &scheduler, tokenizer.get(), &metrics, limits);
 
-  ServerStartOptions start;
-  start.listen = server_flags.listen;
-  start.metrics_listen = server_flags.metrics_listen;
-  start.credentials = server_flags.credentials;
+  ServerStartOptions start = ServerStartOptions::FromFlags(server_flags);
   start.services = {&service};
   start.service_names = {"specwire.v1.Extractor"};
   start.metrics = {metrics.registry()};

@@ -134,10 +134,7 @@ int main(int argc, char** argv) {
     return Fail("--watch_dir needs --eval_sets (the eval sets to score checkpoints on)");
   }
 
-  ServerStartOptions start;
-  start.listen = server_flags.listen;
-  start.metrics_listen = server_flags.metrics_listen;
-  start.credentials = server_flags.credentials;
+  ServerStartOptions start = ServerStartOptions::FromFlags(server_flags);
   start.services = {&service};
   start.service_names = {"specwire.v1.Scorer"};
   if (eval) {
