@@ -8,9 +8,9 @@
 //   stop     --stop, --ignore_model_eos       where a greedy completion ends  extract, cli, replay
 //
 // Each group is an object file of its own in one static library, so a binary links (and --help
-// lists) only the groups whose functions it calls. Each binary keeps its own --max_new_tokens: the
-// budget means a generate call's there (specwire-extract, specwire-cli: 32) and a scored
-// trajectory's here (specwire-replay, specwire-score: 256).
+// lists) only the groups whose functions it calls. --max_new_tokens is not a request flag here: it
+// is a generate call's budget in specwire-extract and specwire-cli (32, each its own) and a scored
+// trajectory's in specwire-replay and specwire-score (256, services/scorer/replay/score_flags.h).
 #pragma once
 
 #include <cstdint>

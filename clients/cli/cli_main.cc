@@ -293,10 +293,11 @@ absl::StatusOr<ExportFlags> ExportFlagsFromFlags() {
   f.spec.layer_ids.assign(states.layer_ids.begin(), states.layer_ids.end());
   f.layers_given = !states.layer_ids.empty();
   if (const std::string d = absl::GetFlag(FLAGS_drafter); !d.empty()) {
-    SW_ASSIGN_OR_RETURN(std::string text, ReadFileToString(d + "/config.json"));
-    f.drafter = nlohmann::json::parse(text, nullptr, false);
+    SW_ASSIGN_OR_RETURN(const ConfigFile config, ReadConfigFile(d));
+    f.drafter = nlohmann::json::parse(config.text, nullptr, false);
     if (f.drafter.is_discarded() || !f.drafter.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("--drafter: ", d, "/config.json is not a JSON object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--drafter: ", config.path, " is not a JSON object"));
     }
   }
   SW_ASSIGN_OR_RETURN(f.rows, ReadExportDataset(absl::GetFlag(FLAGS_dataset)));
